@@ -1,0 +1,65 @@
+"""Run a multi-process launcher from a notebook: stream its log into the cell, fail the cell if it fails."""
+
+from __future__ import annotations
+
+import codecs
+import os
+import signal
+import subprocess
+import sys
+from collections import deque
+
+
+class LaunchError(RuntimeError):
+    """A launched training command exited with an error (any rank failing fails the launch)."""
+
+
+def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_lines: int = 30) -> None:
+    """Run ``command``, echo its output as it arrives, raise :class:`LaunchError` on a non-zero exit.
+
+    Output is copied in raw chunks rather than lines, so progress bars that
+    redraw with carriage returns stay on one line in Jupyter. Interrupting the
+    cell stops the whole process group, workers included.
+    """
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        start_new_session=True,
+    )
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    tail: deque[str] = deque(maxlen=tail_lines)
+    partial = ""
+    try:
+        while chunk := os.read(process.stdout.fileno(), 65536):
+            text = decoder.decode(chunk)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            lines = (partial + text).split("\n")
+            partial = lines.pop()
+            tail.extend(lines)
+        code = process.wait()
+    except BaseException:
+        _stop(process)
+        raise
+    finally:
+        process.stdout.close()
+    if code != 0:
+        tail.append(partial)
+        raise LaunchError(
+            f"{os.path.basename(command[0])} {' '.join(command[1:3])} ... exited with code {code}; "
+            f"its last lines:\n" + "\n".join(line for line in tail if line.strip())
+        )
+
+
+def _stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,155 @@
+"""Per-device utilization and memory over time, sampled in a background thread.
+
+On GPUs it reads NVML (the ``pynvml`` module of ``nvidia-ml-py``). Without a
+GPU the simulated devices share one set of cores and one memory, so it reports
+the machine as one device ``cpu``: utilization of all cores, and the resident
+memory of this process and everything it started (the training workers).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pandas as pd
+import psutil
+
+COLUMNS = ("seconds", "device", "utilization_percent", "memory_mib")
+
+
+class NVMLBackend:
+    kind = "gpu"
+
+    def __init__(self, nvml=None):
+        if nvml is None:
+            import pynvml as nvml
+        self.nvml = nvml
+        nvml.nvmlInit()
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+
+    def sample(self) -> list[tuple[str, float, float]]:
+        rows = []
+        for index, handle in enumerate(self.handles):
+            utilization = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            memory = self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+            rows.append((f"gpu:{index}", float(utilization), float(memory)))
+        return rows
+
+    def close(self) -> None:
+        self.nvml.nvmlShutdown()
+
+
+class CPUBackend:
+    kind = "cpu"
+
+    def __init__(self, process: psutil.Process | None = None):
+        self.process = process or psutil.Process()
+        psutil.cpu_percent()  # the first call only starts the measuring interval
+
+    def _tree_rss(self) -> float:
+        total = 0
+        for proc in [self.process, *self.process.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:  # a worker that just exited
+                pass
+        return total / 2**20
+
+    def sample(self) -> list[tuple[str, float, float]]:
+        return [("cpu", psutil.cpu_percent(), self._tree_rss())]
+
+    def close(self) -> None:
+        pass
+
+
+def default_backend():
+    """NVML when it finds a GPU, the CPU fallback otherwise."""
+    try:
+        backend = NVMLBackend()
+    except Exception:  # no pynvml, no driver: NVML raises its own error types
+        return CPUBackend()
+    if backend.handles:
+        return backend
+    backend.close()
+    return CPUBackend()
+
+
+class Monitor:
+    """``with Monitor() as monitor: train()``, then ``monitor.frame()``, ``summary()``, ``plot()``."""
+
+    def __init__(self, interval: float = 0.5, backend=None):
+        self.interval = interval
+        self.backend = backend or default_backend()
+        self.rows: list[tuple] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.backend.kind
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        while True:
+            now = time.perf_counter() - start
+            self.rows.extend((now, *row) for row in self.backend.sample())
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> Monitor:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="device-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(COLUMNS))
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return summarize(self.frame())
+
+    def plot(self, title: str = ""):
+        return plot(self.frame(), title)
+
+
+def summarize(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Mean utilization and peak memory of each device."""
+    grouped = frame.groupby("device")
+    return {
+        device: {
+            "utilization_mean_percent": round(float(group["utilization_percent"].mean()), 1),
+            "memory_peak_mib": round(float(group["memory_mib"].max()), 1),
+        }
+        for device, group in grouped
+    }
+
+
+def plot(frame: pd.DataFrame, title: str = ""):
+    """Utilization (top) and memory (bottom) of each device over time; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 4.5))
+    for device, group in frame.groupby("device"):
+        top.plot(group["seconds"], group["utilization_percent"], label=device)
+        bottom.plot(group["seconds"], group["memory_mib"], label=device)
+    top.set_ylabel("utilization %")
+    top.set_ylim(0, 105)
+    bottom.set_ylabel("memory MiB")
+    bottom.set_xlabel("seconds")
+    top.legend(loc="upper right", fontsize="small")
+    if title:
+        top.set_title(title)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,156 @@
+"""One JSON record per run, written atomically, and loaded back many at a time.
+
+The README table and plots are built from these files only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import uuid
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+
+from common.errors import InputError
+
+DATA_KINDS = ("real", "generated", "synthetic-in-RAM")
+REQUIRED = (
+    "framework",
+    "notebook",
+    "devices",
+    "device_kind",
+    "device_names",
+    "precision",
+    "global_batch",
+    "image_size",
+    "epochs",
+    "data",
+    "train_images",
+    "epoch_seconds",
+    "images_per_second",
+    "test_auc",
+    "per_class_auc",
+    "device_utilization",
+    "versions",
+    "git_commit",
+    "timestamp",
+)
+
+
+def check_writable(results_dir) -> Path:
+    """Create ``results_dir`` if needed and prove a file can be written there, before training."""
+    results_dir = Path(results_dir)
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=results_dir, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise InputError(
+            f"RESULTS_DIR {results_dir} is not writable ({error.strerror or error}): "
+            f"choose a folder you can write to, or fix its permissions."
+        ) from None
+    return results_dir
+
+
+def versions(*packages: str) -> dict[str, str | None]:
+    """Installed versions of the given distributions (None when missing), plus Python's."""
+    found = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_commit(path=None) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=path or Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def new_record(**fields) -> dict:
+    """A record with the run-independent fields (git commit, timestamp, id) filled in."""
+    record = {
+        "run_id": uuid.uuid4().hex[:12],
+        "git_commit": git_commit(),
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    record.update(fields)
+    return record
+
+
+def validate(record: dict) -> dict:
+    missing = [name for name in REQUIRED if name not in record]
+    if missing:
+        raise ValueError(f"results record lacks {', '.join(missing)}")
+    if record["data"] not in DATA_KINDS:
+        raise ValueError(f"results record data must be one of {DATA_KINDS}, not {record['data']!r}")
+    if record["device_kind"] not in ("gpu", "cpu"):
+        raise ValueError(f"results record device_kind must be 'gpu' or 'cpu', not {record['device_kind']!r}")
+    return record
+
+
+def _atomic_write(path: Path, write) -> None:
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(handle, "w") as file:
+            write(file)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write(record: dict, results_dir, utilization: pd.DataFrame | None = None) -> Path:
+    """Write ``<notebook>-<devices>dev-<data>-<run_id>.json`` (and the utilization samples as CSV).
+
+    Each file appears complete or not at all: written to a temporary name, then renamed.
+    """
+    validate(record)
+    results_dir = check_writable(results_dir)
+    stem = f"{record['notebook']}-{record['devices']}dev-{record['data']}-{record.get('run_id', uuid.uuid4().hex[:12])}"
+    if utilization is not None:
+        csv = results_dir / f"{stem}.utilization.csv"
+        _atomic_write(csv, lambda file: utilization.to_csv(file, index=False))
+        record = {**record, "utilization_csv": csv.name}
+    path = results_dir / f"{stem}.json"
+    _atomic_write(path, lambda file: json.dump(record, file, indent=2, sort_keys=True, default=_jsonable))
+    return path
+
+
+def _jsonable(value):
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def load(path) -> dict:
+    with open(path) as file:
+        return validate(json.load(file))
+
+
+def load_all(results_dir) -> list[dict]:
+    """Every record under ``results_dir``, oldest first; each carries its own path."""
+    records = []
+    for path in sorted(Path(results_dir).glob("*.json")):
+        record = load(path)
+        record["path"] = str(path)
+        records.append(record)
+    return sorted(records, key=lambda r: r["timestamp"])

@@ -1,0 +1,207 @@
+"""PyTorch pieces shared by the PyTorch notebooks: process group, data, model, precision, gathering.
+
+Imported only by PyTorch notebooks and their training scripts (``import common``
+does not import torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torchvision
+from torch import nn
+from torchvision.io import ImageReadMode, decode_image, read_file
+from torchvision.transforms import v2
+
+from common.devices import threads_per_device
+from common.errors import InputError
+from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+
+
+@dataclass(frozen=True)
+class Process:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Process:
+    """Join the process group that ``torchrun`` describes in the environment.
+
+    NCCL when this process has a GPU, gloo on the CPU. On the CPU every process
+    is one simulated device and gets its own share of the cores.
+    """
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or threads_per_device(world_size)))
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
+    return Process(rank, world_size, local_rank, device)
+
+
+def torchrun_command(script, nproc: int, *args: str) -> list[str]:
+    """``torchrun --standalone`` for one machine, run by this Python so it uses this environment."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(script), *map(str, args)]
+
+
+def launch_env(nproc: int) -> dict[str, str]:
+    """Threads per process: each simulated device (or GPU feeder) gets its own cores."""
+    return {"OMP_NUM_THREADS": str(threads_per_device(nproc))}
+
+
+class ChestXrayDataset(torch.utils.data.Dataset):
+    """Decodes one PNG as a 1-channel tensor, augments it, then repeats it into 3 channels.
+
+    Working on one channel until the end makes the crop and resize three times
+    cheaper than converting to RGB first. Items are (image, labels, index); the
+    index lets evaluation drop the duplicates that DistributedSampler pads with.
+    """
+
+    def __init__(self, paths, labels, transform):
+        self.paths, self.labels, self.transform = list(paths), torch.as_tensor(labels), transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        path = self.paths[index]
+        try:
+            image = decode_image(read_file(path), mode=ImageReadMode.GRAY)
+        except RuntimeError as error:
+            raise InputError(f"Cannot read image {path} ({error}): replace or remove the file.") from None
+        return self.transform(image), self.labels[index], index
+
+
+def _gray_to_rgb(image: torch.Tensor) -> torch.Tensor:
+    return image.expand(3, -1, -1)
+
+
+def _to_normalized_rgb():
+    return [
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Lambda(_gray_to_rgb),
+        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ]
+
+
+def train_transform(image_size: int) -> v2.Compose:
+    return v2.Compose(
+        [v2.RandomResizedCrop(image_size, scale=CROP_SCALE, antialias=True), v2.RandomHorizontalFlip(), *_to_normalized_rgb()]
+    )
+
+
+def eval_transform(image_size: int) -> v2.Compose:
+    return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size), *_to_normalized_rgb()])
+
+
+def loader_workers(devices: int, device_kind: str) -> int:
+    """Decode in worker processes; on simulated CPU devices one worker each, so compute keeps its cores."""
+    if device_kind == "cpu":
+        return 1
+    return max(1, min(8, threads_per_device(devices) - 1))
+
+
+def build_densenet121(num_classes: int = NUM_CLASSES, pretrained: bool = False) -> nn.Module:
+    """torchvision's DenseNet-121 with a ``num_classes`` output (6,968,206 parameters for 14)."""
+    if not pretrained:
+        return torchvision.models.densenet121(weights=None, num_classes=num_classes)
+    model = torchvision.models.densenet121(weights=torchvision.models.DenseNet121_Weights.DEFAULT)
+    model.classifier = nn.Linear(model.classifier.in_features, num_classes)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 autocast for ``"mixed"`` where the device supports it (fp16 on older GPUs), else nothing."""
+    if precision != "mixed":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=mixed_dtype(device))
+
+
+def mixed_dtype(device: torch.device) -> torch.dtype:
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """Loss scaling is only needed for fp16; with bf16 or fp32 the scaler is a no-op."""
+    enabled = precision == "mixed" and mixed_dtype(device) == torch.float16
+    return torch.amp.GradScaler(device.type, enabled=enabled)
+
+
+@torch.no_grad()
+def predict_all(model: nn.Module, loader, process: Process, precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """Sigmoid scores and labels of the whole data set, gathered from every rank, in data set order.
+
+    Each rank scores its shard; DistributedSampler pads the shards to equal
+    length by repeating images, so duplicates are dropped by index.
+    """
+    model.eval()
+    scores, labels, indices = [], [], []
+    for images, targets, index in loader:
+        with autocast(precision, process.device):
+            logits = model(images.to(process.device, non_blocking=True))
+        scores.append(torch.sigmoid(logits.float()))
+        labels.append(targets.to(process.device))
+        indices.append(index.to(process.device))
+    local = torch.cat([torch.cat(indices).unsqueeze(1).float(), torch.cat(labels), torch.cat(scores)], dim=1)
+    if process.world_size > 1:
+        gathered = [torch.empty_like(local) for _ in range(process.world_size)]
+        dist.all_gather(gathered, local)
+        local = torch.cat(gathered)
+    table = local.cpu().numpy()
+    _, first = np.unique(table[:, 0].astype(np.int64), return_index=True)
+    table = table[first]
+    model.train()
+    return table[:, 1 : 1 + NUM_CLASSES], table[:, 1 + NUM_CLASSES :]
+
+
+def time_steps(model: nn.Module, optimizer, batch_size: int, image_size: int, steps: int, device, precision: str) -> float:
+    """Images per second of ``steps`` training steps on one fixed random batch held in device memory.
+
+    Two warm-up steps are not timed (allocation, cuDNN autotuning).
+    """
+    images = torch.randn(batch_size, 3, image_size, image_size, device=device)
+    targets = torch.randint(0, 2, (batch_size, NUM_CLASSES), device=device).float()
+    loss_fn = nn.BCEWithLogitsLoss()
+    scaler = grad_scaler(precision, device)
+    for step in range(steps + 2):
+        if step == 2:
+            _synchronize(device)
+            start = time.perf_counter()
+        with autocast(precision, device):
+            loss = loss_fn(model(images).float(), targets)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    _synchronize(device)
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def _synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
