@@ -56,11 +56,17 @@ def read_entries(data_dir) -> pd.DataFrame:
             f"{csv} is missing: DATA_DIR must contain the NIH label file {CSV_NAME} "
             f"next to the images/ folder (or set DATA_DIR=None to generate the stand-in data set)."
         )
-    entries = pd.read_csv(csv)
+    try:
+        entries = pd.read_csv(csv)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise InputError(
+            f"{csv} is not a readable CSV ({error}): use the unmodified {CSV_NAME} from the NIH release."
+        ) from None
     missing = [column for column in REQUIRED_COLUMNS if column not in entries.columns]
     if missing:
+        has = ", ".join(map(repr, entries.columns))
         raise InputError(
-            f"{csv} lacks the column(s) {', '.join(map(repr, missing))} (it has {', '.join(map(repr, entries.columns))}): "
+            f"{csv} lacks the column(s) {', '.join(map(repr, missing))} (it has {has}): "
             f"use the unmodified {CSV_NAME} from the NIH release."
         )
     labels = entries["Finding Labels"].fillna("").astype(str)

@@ -58,17 +58,23 @@ def gpu_names(nvml=None) -> list[str]:
 
 
 def visible_gpu_names(nvml=None) -> list[str]:
-    """GPU names, restricted to ``CUDA_VISIBLE_DEVICES`` when it lists indices."""
+    """GPU names as CUDA sees them through ``CUDA_VISIBLE_DEVICES``.
+
+    Like CUDA, the list is read up to its first invalid entry: ``-1`` (or an
+    out-of-range index) hides every GPU after it. UUIDs are trusted by count.
+    """
     names = gpu_names(nvml)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None or not names:
         return names
     picked = []
-    for item in filter(None, (part.strip() for part in visible.split(","))):
-        if not item.isdigit():  # UUIDs: trust the count, not the order
-            return names[: len([p for p in visible.split(",") if p.strip()])]
-        if int(item) < len(names):
-            picked.append(names[int(item)])
+    for item in (part.strip() for part in visible.split(",")):
+        if item.startswith(("GPU-", "MIG-")):
+            picked.append(f"{names[len(picked)]} ({item})" if len(picked) < len(names) else item)
+            continue
+        if not item.isdigit() or int(item) >= len(names):
+            break
+        picked.append(names[int(item)])
     return picked
 
 

@@ -31,9 +31,7 @@ def roc_auc(y_true, y_score, class_names=FINDINGS) -> AUC:
     """
     y_true, y_score = np.asarray(y_true), np.asarray(y_score)
     if y_true.shape != y_score.shape or y_true.ndim != 2 or y_true.shape[1] != len(class_names):
-        raise ValueError(
-            f"labels {y_true.shape} and scores {y_score.shape} must both be (images, {len(class_names)})"
-        )
+        raise ValueError(f"labels {y_true.shape} and scores {y_score.shape} must both be (images, {len(class_names)})")
     per_class = {}
     for column, name in enumerate(class_names):
         truth = y_true[:, column]
@@ -54,5 +52,6 @@ def roc_auc(y_true, y_score, class_names=FINDINGS) -> AUC:
 
 def images_per_second(images_per_epoch: int, epoch_seconds) -> float:
     """Training throughput, leaving out the first epoch when there are more (start-up, warm-up)."""
-    timed = list(epoch_seconds)[1:] or list(epoch_seconds)
+    seconds = list(epoch_seconds)
+    timed = seconds[1:] or seconds
     return images_per_epoch / float(np.mean(timed))

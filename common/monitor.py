@@ -2,8 +2,8 @@
 
 On GPUs it reads NVML (the ``pynvml`` module of ``nvidia-ml-py``). Without a
 GPU the simulated devices share one set of cores and one memory, so it reports
-the machine as one device ``cpu``: utilization of all cores, and the resident
-memory of this process and everything it started (the training workers).
+the machine as one device ``cpu``: utilization of all cores, and the memory
+of this process and everything it started (the training workers).
 """
 
 from __future__ import annotations
@@ -46,17 +46,19 @@ class CPUBackend:
         self.process = process or psutil.Process()
         psutil.cpu_percent()  # the first call only starts the measuring interval
 
-    def _tree_rss(self) -> float:
+    def _tree_memory(self) -> float:
+        """Proportional set size: pages shared between forked workers are counted once, not per process."""
         total = 0
         for proc in [self.process, *self.process.children(recursive=True)]:
             try:
-                total += proc.memory_info().rss
-            except psutil.Error:  # a worker that just exited
+                info = proc.memory_full_info()
+                total += getattr(info, "pss", info.rss)  # PSS is Linux-only
+            except psutil.Error:  # a worker that just exited, or no permission
                 pass
         return total / 2**20
 
     def sample(self) -> list[tuple[str, float, float]]:
-        return [("cpu", psutil.cpu_percent(), self._tree_rss())]
+        return [("cpu", psutil.cpu_percent(), self._tree_memory())]
 
     def close(self) -> None:
         pass

@@ -123,7 +123,7 @@ def per_device_batch(global_batch_size: int, devices: int) -> int:
 
 def learning_rate(rate_per_device: float, devices: int) -> float:
     """Linear scaling: the global batch is ``devices`` times larger, so is the step."""
-    if not rate_per_device > 0:
+    if isinstance(rate_per_device, bool) or not isinstance(rate_per_device, int | float) or not rate_per_device > 0:
         raise InputError(f"LEARNING_RATE_PER_DEVICE must be positive, got {rate_per_device!r}.")
     check_positive_int("DEVICES", devices)
     return rate_per_device * devices

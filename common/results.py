@@ -90,7 +90,7 @@ def new_record(**fields) -> dict:
     record = {
         "run_id": uuid.uuid4().hex[:12],
         "git_commit": git_commit(),
-        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     record.update(fields)
     return record
@@ -126,12 +126,15 @@ def write(record: dict, results_dir, utilization: pd.DataFrame | None = None) ->
     validate(record)
     results_dir = check_writable(results_dir)
     stem = f"{record['notebook']}-{record['devices']}dev-{record['data']}-{record.get('run_id', uuid.uuid4().hex[:12])}"
+    csv = results_dir / f"{stem}.utilization.csv"
     if utilization is not None:
-        csv = results_dir / f"{stem}.utilization.csv"
-        _atomic_write(csv, lambda file: utilization.to_csv(file, index=False))
         record = {**record, "utilization_csv": csv.name}
+    # serialized first: a value JSON cannot store fails here, before any file is written
+    text = json.dumps(record, indent=2, sort_keys=True, default=_jsonable)
+    if utilization is not None:
+        _atomic_write(csv, lambda file: utilization.to_csv(file, index=False))
     path = results_dir / f"{stem}.json"
-    _atomic_write(path, lambda file: json.dump(record, file, indent=2, sort_keys=True, default=_jsonable))
+    _atomic_write(path, lambda file: file.write(text))
     return path
 
 

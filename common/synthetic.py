@@ -60,18 +60,25 @@ def _glyph(draw: ImageDraw.ImageDraw, finding: int, cx: float, cy: float, r: flo
         0: lambda: draw.rectangle((cx - r, cy - r / 5, cx + r, cy + r / 5), fill=shade),  # horizontal bar
         1: lambda: draw.ellipse(box, outline=shade, width=width * 2),  # thick ring
         2: lambda: draw.rectangle((cx - r, cy, cx + r, cy + r), fill=shade),  # lower half block
-        3: lambda: [draw.ellipse((x - width, y - width, x + width, y + width), fill=shade)  # dot grid
-                    for x in (cx - r, cx, cx + r) for y in (cy - r, cy, cy + r)],
+        3: lambda: [
+            draw.ellipse((x - width, y - width, x + width, y + width), fill=shade)  # dot grid
+            for x in (cx - r, cx, cx + r)
+            for y in (cy - r, cy, cy + r)
+        ],
         4: lambda: draw.ellipse(box, fill=shade),  # large disc
         5: lambda: draw.ellipse(small, fill=shade),  # small disc
         6: lambda: draw.rectangle(small, outline=shade, width=width),  # small square outline
         7: lambda: draw.ellipse(box, outline=shade, width=width),  # thin ring
         8: lambda: draw.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=shade),  # triangle
         9: lambda: [draw.line((x, cy - r, x, cy + r), fill=shade, width=width) for x in (cx - r, cx, cx + r)],  # bars
-        10: lambda: (draw.line((cx - r, cy, cx + r, cy), fill=shade, width=width),  # plus
-                     draw.line((cx, cy - r, cx, cy + r), fill=shade, width=width)),
-        11: lambda: (draw.line((cx - r, cy - r, cx + r, cy + r), fill=shade, width=width),  # x
-                     draw.line((cx - r, cy + r, cx + r, cy - r), fill=shade, width=width)),
+        10: lambda: (
+            draw.line((cx - r, cy, cx + r, cy), fill=shade, width=width),  # plus
+            draw.line((cx, cy - r, cx, cy + r), fill=shade, width=width),
+        ),
+        11: lambda: (
+            draw.line((cx - r, cy - r, cx + r, cy + r), fill=shade, width=width),  # x
+            draw.line((cx - r, cy + r, cx + r, cy - r), fill=shade, width=width),
+        ),
         12: lambda: draw.rectangle((cx - r / 5, cy - r, cx + r / 5, cy + r), fill=shade),  # vertical bar
         13: lambda: draw.polygon([(cx, cy - r), (cx + r, cy), (cx, cy + r), (cx - r, cy)], outline=shade, width=width),
     }
@@ -178,6 +185,11 @@ def _write_official_lists(folder: Path, entries: pd.DataFrame, seed: int, test_f
     (folder / TRAIN_VAL_LIST).write_text("\n".join(entries.loc[~is_test, "Image Index"]) + "\n")
 
 
+def is_generated(folder) -> bool:
+    """Whether ``folder`` holds a data set written by :func:`generate` (not real X-rays)."""
+    return (Path(folder) / COMPLETE_MARKER).is_file()
+
+
 def cache_root() -> Path:
     """Where generated data sets are kept: ``$CHESTXRAY_CACHE``, else the user's cache folder."""
     if os.environ.get("CHESTXRAY_CACHE"):
@@ -188,7 +200,7 @@ def cache_root() -> Path:
 def ensure(n_images: int = 1000, image_size: int = 128, seed: int = 0, root=None) -> Path:
     """The cached stand-in data set for these settings, generated on first use."""
     folder = Path(root or cache_root()) / f"chestxray-synthetic-n{n_images}-px{image_size}-seed{seed}"
-    if (folder / COMPLETE_MARKER).is_file():
+    if is_generated(folder):
         return folder
     if folder.exists():  # left by an older layout: regenerate rather than trust it
         shutil.rmtree(folder)
@@ -196,6 +208,6 @@ def ensure(n_images: int = 1000, image_size: int = 128, seed: int = 0, root=None
     try:
         return generate(folder, n_images=n_images, image_size=image_size, seed=seed)
     except OSError:
-        if (folder / COMPLETE_MARKER).is_file():  # another process finished it first
+        if is_generated(folder):  # another process finished it first
             return folder
         raise

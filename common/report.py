@@ -1,0 +1,201 @@
+"""Turn results records into the comparison table (markdown) and plots.
+
+python -m common.report RESULTS_DIR OUT_DIR      # report.md, throughput.png, utilization.png
+python -m common.report --readme README.md RUN   # copy a run's table into the README
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from common import results
+from common.monitor import plot as plot_utilization
+
+README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+COLUMNS = {
+    "notebook": "notebook",
+    "devices": "devices",
+    "device_kind": "kind",
+    "precision": "precision",
+    "global_batch": "global batch",
+    "image_size": "image px",
+    "epochs": "epochs",
+    "data": "data",
+    "train_images_per_second": "train img/s",
+    "scaling_efficiency": "scaling",
+    "ram_images_per_second": "in-RAM img/s",
+    "test_auc": "test AUC",
+}
+
+
+def summary_table(records: list[dict]) -> pd.DataFrame:
+    """One row per (notebook, devices): the newest training run beside the newest in-RAM benchmark.
+
+    Scaling efficiency is training throughput over ``devices`` times the
+    one-device throughput of the same notebook, kind and precision (1.0 is perfect).
+    """
+    if not records:
+        return pd.DataFrame(columns=list(COLUMNS))
+    frame = pd.DataFrame(records).sort_values("timestamp")
+    key = ["notebook", "devices", "device_kind", "precision"]
+    trained = frame[frame["data"] != "synthetic-in-RAM"].drop_duplicates(key, keep="last")
+    in_ram = frame[frame["data"] == "synthetic-in-RAM"].drop_duplicates(key, keep="last")
+    table = trained.rename(columns={"images_per_second": "train_images_per_second"}).merge(
+        in_ram[[*key, "images_per_second"]].rename(columns={"images_per_second": "ram_images_per_second"}),
+        on=key,
+        how="outer",
+    )
+    single = table[table["devices"] == 1].set_index(["notebook", "device_kind", "precision"])["train_images_per_second"]
+
+    def efficiency(row) -> float:
+        base = single.get((row["notebook"], row["device_kind"], row["precision"]))
+        if base is None or not base or pd.isna(row["train_images_per_second"]):
+            return math.nan
+        return row["train_images_per_second"] / (row["devices"] * base)
+
+    table["scaling_efficiency"] = table.apply(efficiency, axis=1) if len(table) else []
+    for column in COLUMNS:
+        if column not in table:
+            table[column] = math.nan
+    return table[list(COLUMNS)].sort_values(["notebook", "devices"]).reset_index(drop=True)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A GitHub markdown table (no extra dependency), numbers rounded for reading."""
+
+    def cell(column: str, value) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "–"
+        if column in ("test_auc", "scaling_efficiency"):
+            return f"{value:.3f}" if column == "test_auc" else f"{value:.0%}"
+        if column.endswith("per_second"):
+            return f"{value:,.1f}"
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+    lines = ["| " + " | ".join(COLUMNS.values()) + " |", "|" + "---|" * len(COLUMNS)]
+    for _, row in table.iterrows():
+        lines.append("| " + " | ".join(cell(column, row[column]) for column in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def plot_throughput(table: pd.DataFrame, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    for notebook, group in table.groupby("notebook"):
+        group = group.sort_values("devices")
+        axis.plot(group["devices"], group["train_images_per_second"], marker="o", label=f"{notebook} (data)")
+        axis.plot(
+            group["devices"], group["ram_images_per_second"], marker="s", linestyle="--", label=f"{notebook} (in RAM)"
+        )
+    axis.set(xlabel="devices", ylabel="images / second", title="Training throughput")
+    axis.set_xticks(sorted(table["devices"].dropna().unique()))
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
+    """One utilization-and-memory plot per training run that saved its samples."""
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for record in records:
+        if record["data"] == "synthetic-in-RAM" or not record.get("utilization_csv"):
+            continue
+        samples = Path(record["path"]).parent / record["utilization_csv"]
+        if not samples.is_file():
+            continue
+        figure = plot_utilization(pd.read_csv(samples), f"{record['notebook']} on {record['devices']} device(s)")
+        path = out_dir / f"utilization-{record['notebook']}-{record['devices']}dev.png"
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def _write_text(path: Path, text: str) -> None:
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(handle, "w") as file:
+        file.write(text)
+    os.replace(tmp, path)
+
+
+def build(results_dir, out_dir) -> Path:
+    """Write ``report.md`` and its plots into ``out_dir``; returns the report's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = results.load_all(results_dir)
+    table = summary_table(records)
+    newest = {(r["notebook"], r["devices"]): r for r in records if r["data"] != "synthetic-in-RAM"}
+    kinds = sorted({f"{r['device_kind']}: {', '.join(sorted(set(r['device_names'])))}" for r in records})
+    lines = [
+        "# Results",
+        "",
+        f"{len(records)} record(s) from `{results_dir}`; devices: {'; '.join(kinds) or 'none'}.",
+        "",
+        table_section(table),
+        "",
+    ]
+    if len(table):
+        lines += [f"![throughput]({plot_throughput(table, out_dir / 'throughput.png').name})", ""]
+    for path in plot_utilizations(list(newest.values()), out_dir):
+        lines += [f"![{path.stem}]({path.name})", ""]
+    report = out_dir / "report.md"
+    _write_text(report, "\n".join(lines))
+    return report
+
+
+def table_section(table: pd.DataFrame) -> str:
+    return (
+        to_markdown(table)
+        + "\n\n*train img/s*: training on the data set, first epoch left out; *in-RAM img/s*: the same step on one"
+        " random batch held in device memory; *scaling*: train img/s over devices x the one-device figure."
+    )
+
+
+def update_readme(readme, run_dir) -> None:
+    """Replace the README's results block with the table of ``run_dir/report.md``."""
+    readme, run_dir = Path(readme), Path(run_dir)
+    report = (run_dir / "report.md").read_text()
+    table = "\n".join(line for line in report.splitlines() if line.startswith("|"))
+    note = f"Produced by `make run` ({run_dir.name}, {report.splitlines()[2].split(';', 1)[1].strip()})"
+    replace_block(readme, README_START, README_END, f"{note}\n\n{table}")
+
+
+def replace_block(path, start: str, end: str, content: str) -> None:
+    """Replace what lies between the ``start`` and ``end`` markers of a text file."""
+    path = Path(path)
+    text = path.read_text()
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} block to replace")
+    block = f"{start}\n{content}\n{end}"
+    _write_text(path, re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--readme", help="update this README from the run folder given as first argument")
+    parser.add_argument("source", help="results folder (or, with --readme, a run folder; default: the newest)")
+    parser.add_argument("out", nargs="?", help="output folder (default: the results folder's parent)")
+    args = parser.parse_args(argv)
+    if args.readme:
+        update_readme(args.readme, args.source)
+        print(f"updated {args.readme} from {args.source}")
+        return
+    print(build(args.source, args.out or Path(args.source).parent))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Execute every notebook headless with papermill on 1 and N devices, then build the report.
+
+    python -m common.run                          # generated data, all notebooks, 1 and N devices
+    python -m common.run --data-dir /data/chestxray14 --devices 1 2 4
+    python -m common.run --notebooks PyTorch_MultiGPU -p EPOCHS 1
+
+Everything lands in ``runs/<timestamp>/``: executed notebooks, results JSON, report.md and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as dt
+import sys
+import time
+from pathlib import Path
+
+from common import devices, params, report, synthetic
+from common.errors import InputError
+
+KERNEL = "multigpu-notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def device_counts(hardware: devices.Devices) -> list[int]:
+    """One device and all of them (two simulated devices without a GPU)."""
+    most = hardware.available if hardware.kind == "gpu" else min(2, hardware.available)
+    return sorted({1, most})
+
+
+def parse_value(text: str):
+    """``-p EPOCHS 2`` -> 2, ``-p PRECISION mixed`` -> "mixed", ``-p MAX_IMAGES None`` -> None."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def find_notebooks(names: list[str] | None, folder: Path = NOTEBOOK_DIR) -> list[Path]:
+    available = sorted(folder.glob("*.ipynb"))
+    if not names:
+        return available
+    by_name = {path.stem: path for path in available}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise InputError(f"No notebook named {', '.join(unknown)} in {folder}: choose among {', '.join(by_name)}.")
+    return [by_name[name] for name in names]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", help="a ChestX-ray14 folder (default: generate the stand-in data set)")
+    parser.add_argument("--notebooks", nargs="*", help="notebook names without .ipynb (default: all)")
+    parser.add_argument("--devices", nargs="*", type=int, help="device counts (default: 1 and all)")
+    parser.add_argument("--global-batch", type=int, help="keep this global batch at every device count")
+    parser.add_argument("--out", help="output folder (default: runs/<timestamp>)")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    parser.add_argument("--kernel", default=KERNEL)
+    args = parser.parse_args(argv)
+
+    import papermill  # imported late: `--help` and argument errors stay instant
+
+    hardware = devices.resolve(None)
+    counts = args.devices or device_counts(hardware)
+    for count in counts:  # every count is checked before the first notebook starts
+        devices.resolve(count)
+    extra = {name: parse_value(value) for name, value in args.parameter}
+    batches = (
+        {count: params.per_device_batch(args.global_batch, count) for count in counts} if args.global_batch else {}
+    )
+    notebooks = find_notebooks(args.notebooks)
+    out = Path(args.out or Path("runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
+    data_dir = Path(args.data_dir) if args.data_dir else synthetic.ensure(**synthetic.STANDIN[hardware.kind])
+    print(f"{hardware.describe()}; data: {data_dir}; output: {out}")
+
+    failures = []
+    for notebook in notebooks:
+        for count in counts:
+            executed = out / "executed" / f"{notebook.stem}-{count}dev.ipynb"
+            executed.parent.mkdir(parents=True, exist_ok=True)
+            parameters = {"DATA_DIR": str(data_dir), "DEVICES": count, "RESULTS_DIR": str(out / "results"), **extra}
+            if count in batches:
+                parameters["BATCH_SIZE_PER_DEVICE"] = batches[count]
+            start = time.perf_counter()
+            print(f"{notebook.stem} on {count} device(s) ...", flush=True)
+            try:
+                papermill.execute_notebook(
+                    notebook,
+                    executed,
+                    parameters=parameters,
+                    kernel_name=args.kernel,
+                    cwd=notebook.parent,
+                    progress_bar=False,
+                )
+            except papermill.PapermillExecutionError as error:
+                failures.append(f"{executed}: {error.ename}: {error.evalue}")
+                print(f"  FAILED after {time.perf_counter() - start:.0f} s: {error.ename}: {error.evalue}")
+                continue
+            print(f"  done in {time.perf_counter() - start:.0f} s -> {executed}")
+
+    if (out / "results").is_dir():
+        print(f"report: {report.build(out / 'results', out)}")
+    if failures:
+        print("failed notebooks:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except InputError as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,19 @@
+"""Shared fixtures: one small generated stand-in data set for the whole session."""
+
+import shutil
+
+import pytest
+
+from common import synthetic
+
+
+@pytest.fixture(scope="session")
+def standin(tmp_path_factory):
+    """A generated ChestX-ray14 stand-in (120 images of 32 px). Read it, never change it."""
+    return synthetic.generate(tmp_path_factory.mktemp("standin") / "data", n_images=120, image_size=32, seed=0)
+
+
+@pytest.fixture
+def standin_copy(standin, tmp_path):
+    """A private copy of the stand-in that a test may damage."""
+    return shutil.copytree(standin, tmp_path / "data")

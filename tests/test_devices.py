@@ -1,0 +1,122 @@
+import pytest
+
+from common import devices
+from common.errors import InputError
+
+
+class FakeNVML:
+    """The few pynvml calls gpu_names makes, for a machine with the given GPUs."""
+
+    def __init__(self, names=(), init_error=None):
+        self.names = list(names)
+        self.init_error = init_error
+        self.shut_down = False
+
+    def nvmlInit(self):
+        if self.init_error:
+            raise self.init_error
+
+    def nvmlDeviceGetCount(self):
+        return len(self.names)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return ("handle", index)
+
+    def nvmlDeviceGetName(self, handle):
+        return self.names[handle[1]].encode()  # older pynvml returns bytes
+
+    def nvmlShutdown(self):
+        self.shut_down = True
+
+
+# --- resolve: CPU --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cores, expected", [(1, 1), (2, 2), (16, 2)])
+def test_resolve_on_cpu_defaults_to_min_of_two_and_cores(cores, expected):
+    found = devices.resolve(None, gpus=[], cores=cores)
+    assert (found.kind, found.count, found.available) == ("cpu", expected, cores)
+    assert found.simulated
+    assert found.names == tuple(f"cpu:{i}" for i in range(expected))
+
+
+def test_resolve_on_cpu_honours_requested_count():
+    found = devices.resolve(4, gpus=[], cores=8)
+    assert (found.kind, found.count) == ("cpu", 4)
+    assert "4 simulated CPU device(s) sharing 8 cores (2 thread(s) each)" == found.describe()
+
+
+def test_resolve_on_cpu_refuses_more_devices_than_cores():
+    with pytest.raises(InputError, match=r"DEVICES=3 .* only 2 CPU core\(s\).*set DEVICES to at most 2"):
+        devices.resolve(3, gpus=[], cores=2)
+
+
+# --- resolve: GPU --------------------------------------------------------------
+
+
+def test_resolve_uses_all_gpus_by_default():
+    found = devices.resolve(None, gpus=["A100", "A100", "A100"])
+    assert (found.kind, found.count, found.available) == ("gpu", 3, 3)
+    assert not found.simulated
+    assert found.describe() == "3 of 3 GPU(s): A100, A100, A100"
+
+
+def test_resolve_uses_the_first_requested_gpus():
+    found = devices.resolve(2, gpus=["g0", "g1", "g2", "g3"])
+    assert (found.count, found.available, found.names) == (2, 4, ("g0", "g1"))
+
+
+def test_resolve_refuses_more_devices_than_gpus():
+    with pytest.raises(InputError, match=r"DEVICES=4 but this machine has 2 GPU\(s\).*set DEVICES to at most 2"):
+        devices.resolve(4, gpus=["H100", "H100"])
+
+
+@pytest.mark.parametrize("requested", [0, -1, True, False, "2", 1.0])
+def test_resolve_rejects_invalid_device_counts(requested):
+    with pytest.raises(InputError, match="DEVICES must be a positive integer or None"):
+        devices.resolve(requested, gpus=[], cores=4)
+
+
+# --- NVML discovery --------------------------------------------------------------
+
+
+def test_gpu_names_decodes_bytes_and_shuts_nvml_down():
+    nvml = FakeNVML(["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"])
+    assert devices.gpu_names(nvml) == ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]
+    assert nvml.shut_down
+
+
+def test_gpu_names_is_empty_when_nvml_cannot_start():
+    assert devices.gpu_names(FakeNVML(["x"], init_error=RuntimeError("NVML Shared Library Not Found"))) == []
+
+
+def test_gpu_names_is_empty_without_gpus():
+    assert devices.gpu_names(FakeNVML([])) == []
+
+
+@pytest.mark.parametrize(
+    "visible, expected",
+    [("1", ["g1"]), ("1,0", ["g1", "g0"]), ("", []), ("GPU-0c5e1d3a", ["g0"])],
+)
+def test_visible_gpu_names_follows_cuda_visible_devices(monkeypatch, visible, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert devices.visible_gpu_names(FakeNVML(["g0", "g1", "g2"])) == expected
+
+
+def test_visible_gpu_names_without_cuda_visible_devices_lists_all(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert devices.visible_gpu_names(FakeNVML(["g0", "g1"])) == ["g0", "g1"]
+
+
+@pytest.mark.parametrize("visible, expected", [("-1", []), ("0,5,1", ["g0"])])
+def test_visible_gpu_names_stops_at_an_invalid_index_like_cuda(monkeypatch, visible, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert devices.visible_gpu_names(FakeNVML(["g0", "g1"])) == expected
+
+
+# --- threads ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count, cores, expected", [(1, 8, 8), (2, 8, 4), (3, 8, 2), (16, 8, 1), (2, 1, 1)])
+def test_threads_per_device_share_the_cores_at_least_one_each(count, cores, expected):
+    assert devices.threads_per_device(count, cores) == expected

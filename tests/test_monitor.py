@@ -1,0 +1,136 @@
+import time
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from common import monitor  # noqa: E402
+
+
+class FakeNVML:
+    """Two GPUs whose utilization (%) and used memory (MiB) follow a script, one value per sample."""
+
+    def __init__(self, utilization, memory_mib):
+        self.utilization = {index: iter(values) for index, values in utilization.items()}
+        self.memory = {index: iter(values) for index, values in memory_mib.items()}
+        self.initialized = self.shut_down = False
+
+    def nvmlInit(self):
+        self.initialized = True
+
+    def nvmlDeviceGetCount(self):
+        return len(self.utilization)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=next(self.utilization[handle]), memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=next(self.memory[handle]) * 2**20, total=80 * 2**30)
+
+    def nvmlShutdown(self):
+        self.shut_down = True
+
+
+def two_gpus():
+    return FakeNVML(
+        utilization={0: [10, 30, 50, 70], 1: [90, 90, 90, 90]},
+        memory_mib={0: [100, 400, 200, 300], 1: [1000, 1000, 1000, 1000]},
+    )
+
+
+def test_nvml_backend_samples_every_gpu():
+    nvml = two_gpus()
+    backend = monitor.NVMLBackend(nvml)
+    assert nvml.initialized and backend.kind == "gpu"
+    assert backend.sample() == [("gpu:0", 10.0, 100.0), ("gpu:1", 90.0, 1000.0)]
+    backend.close()
+    assert nvml.shut_down
+
+
+def test_monitor_collects_rows_per_gpu_and_summarizes_means_and_peaks():
+    watcher = monitor.Monitor(interval=60, backend=monitor.NVMLBackend(two_gpus()))
+    assert watcher.kind == "gpu"
+    for _ in range(4):  # each start samples once at once; stop ends the wait
+        with watcher:
+            pass
+    frame = watcher.frame()
+    assert list(frame.columns) == list(monitor.COLUMNS)
+    assert frame["device"].value_counts().to_dict() == {"gpu:0": 4, "gpu:1": 4}
+    assert watcher.summary() == {
+        "gpu:0": {"utilization_mean_percent": 40.0, "memory_peak_mib": 400.0},
+        "gpu:1": {"utilization_mean_percent": 90.0, "memory_peak_mib": 1000.0},
+    }
+
+
+def test_summarize_rounds_to_one_decimal():
+    frame = pd.DataFrame(
+        [(0.0, "cpu", 10.0, 1.04), (1.0, "cpu", 20.0, 2.06), (2.0, "cpu", 20.0, 1.0)], columns=list(monitor.COLUMNS)
+    )
+    assert monitor.summarize(frame) == {"cpu": {"utilization_mean_percent": 16.7, "memory_peak_mib": 2.1}}
+
+
+def test_cpu_backend_reports_one_cpu_device():
+    backend = monitor.CPUBackend()
+    time.sleep(0.05)
+    ((device, utilization, memory),) = backend.sample()
+    assert device == "cpu"
+    assert 0.0 <= utilization <= 100.0
+    assert memory > 1.0  # MiB: at least this Python process
+    assert backend.kind == "cpu"
+
+
+def test_monitor_with_a_short_interval_collects_several_rows_and_stops():
+    watcher = monitor.Monitor(interval=0.01, backend=monitor.CPUBackend()).start()
+    deadline = time.monotonic() + 5
+    while len(watcher.rows) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watcher.stop()
+    frame = watcher.frame()
+    assert len(frame) >= 5
+    assert set(frame["device"]) == {"cpu"}
+    assert frame["seconds"].is_monotonic_increasing
+    rows = len(watcher.rows)
+    time.sleep(0.05)
+    assert len(watcher.rows) == rows  # stopped: no more samples
+
+
+def test_stop_without_start_is_harmless():
+    watcher = monitor.Monitor(interval=0.01, backend=monitor.CPUBackend())
+    watcher.stop()
+    assert watcher.frame().empty
+
+
+def test_default_backend_falls_back_to_cpu_without_nvml(monkeypatch):
+    def no_nvml(self, nvml=None):
+        raise ImportError("No module named 'pynvml'")
+
+    monkeypatch.setattr(monitor.NVMLBackend, "__init__", no_nvml)
+    assert isinstance(monitor.default_backend(), monitor.CPUBackend)
+
+
+@pytest.fixture
+def figure():
+    watcher = monitor.Monitor(interval=60, backend=monitor.NVMLBackend(two_gpus()))
+    for _ in range(3):
+        with watcher:
+            pass
+    fig = watcher.plot("two GPUs")
+    yield fig
+    plt.close(fig)
+
+
+def test_plot_returns_a_figure_with_utilization_and_memory(figure):
+    assert isinstance(figure, matplotlib.figure.Figure)
+    top, bottom = figure.axes
+    assert top.get_title() == "two GPUs"
+    assert [line.get_label() for line in top.get_lines()] == ["gpu:0", "gpu:1"]
+    assert list(top.get_lines()[0].get_ydata()) == [10.0, 30.0, 50.0]
+    assert list(bottom.get_lines()[1].get_ydata()) == [1000.0, 1000.0, 1000.0]

@@ -1,0 +1,108 @@
+"""The report is built from records only; the run harness checks its input before executing anything."""
+
+import pandas as pd
+import pytest
+
+from common import devices, report, results, run
+from common.errors import InputError
+
+
+def record(notebook="PyTorch_MultiGPU", devices=1, data="generated", rate=100.0, auc=0.8, **extra):
+    return results.new_record(
+        framework="pytorch",
+        notebook=notebook,
+        devices=devices,
+        device_kind="cpu",
+        device_names=[f"cpu:{i}" for i in range(devices)],
+        precision="fp32",
+        global_batch=16 * devices,
+        image_size=64,
+        epochs=3,
+        data=data,
+        train_images=500,
+        epoch_seconds=[3.0, 2.0, 2.0],
+        images_per_second=rate,
+        test_auc=auc if data != "synthetic-in-RAM" else None,
+        per_class_auc={},
+        device_utilization={"cpu": {"utilization_mean_percent": 90.0, "memory_peak_mib": 1000.0}},
+        versions={"torch": "2.14.1"},
+        **extra,
+    )
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    folder = tmp_path / "results"
+    samples = pd.DataFrame(
+        {
+            "seconds": [0.0, 0.5],
+            "device": ["cpu", "cpu"],
+            "utilization_percent": [50.0, 90.0],
+            "memory_mib": [100.0, 120.0],
+        }
+    )
+    results.write(record(devices=1, rate=100.0, auc=0.81), folder, samples)
+    results.write(record(devices=2, rate=150.0, auc=0.83), folder, samples)
+    results.write(record(devices=1, data="synthetic-in-RAM", rate=120.0), folder)
+    results.write(record(devices=2, data="synthetic-in-RAM", rate=200.0), folder)
+    return folder
+
+
+def test_one_row_per_notebook_and_devices_with_scaling(results_dir):
+    table = report.summary_table(results.load_all(results_dir))
+    assert list(table["devices"]) == [1, 2]
+    assert list(table["train_images_per_second"]) == [100.0, 150.0]
+    assert list(table["ram_images_per_second"]) == [120.0, 200.0]
+    assert table["scaling_efficiency"].tolist() == pytest.approx([1.0, 0.75])
+    assert table["test_auc"].tolist() == pytest.approx([0.81, 0.83])
+
+
+def test_newest_record_wins(results_dir):
+    results.write(record(devices=2, rate=180.0, auc=0.9), results_dir)
+    table = report.summary_table(results.load_all(results_dir))
+    assert table.loc[table["devices"] == 2, "train_images_per_second"].item() == 180.0
+
+
+def test_build_writes_markdown_and_plots(results_dir, tmp_path):
+    path = report.build(results_dir, tmp_path / "out")
+    text = path.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| PyTorch_MultiGPU")]
+    assert len(rows) == 2 and "75%" in rows[1] and "0.830" in rows[1]
+    assert (tmp_path / "out" / "throughput.png").stat().st_size > 0
+    assert (tmp_path / "out" / "utilization-PyTorch_MultiGPU-2dev.png").stat().st_size > 0
+
+
+def test_update_readme_replaces_only_the_results_block(results_dir, tmp_path):
+    run_dir = tmp_path / "runs" / "20260101-000000"
+    report.build(results_dir, run_dir)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_START}\nold\n{report.README_END}\noutro\n")
+    report.update_readme(readme, run_dir)
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
+    assert text.count("| PyTorch_MultiGPU") == 2 and "20260101-000000" in text
+
+
+def test_parse_value():
+    assert run.parse_value("2") == 2
+    assert run.parse_value("None") is None
+    assert run.parse_value("mixed") == "mixed"
+    assert run.parse_value("False") is False
+
+
+def test_device_counts():
+    assert run.device_counts(devices.resolve(None, gpus=[], cores=2)) == [1, 2]
+    assert run.device_counts(devices.resolve(None, gpus=["A100"] * 4)) == [1, 4]
+    assert run.device_counts(devices.resolve(None, gpus=["A100"])) == [1]
+
+
+def test_unknown_notebook_is_refused(tmp_path):
+    (tmp_path / "PyTorch_MultiGPU.ipynb").write_text("{}")
+    with pytest.raises(InputError, match="No notebook named Torch.*choose among PyTorch_MultiGPU"):
+        run.find_notebooks(["Torch"], tmp_path)
+
+
+def test_uneven_global_batch_is_refused_before_any_notebook_runs(tmp_path, capsys):
+    with pytest.raises(InputError, match="global batch of 15 does not divide evenly over 2 devices"):
+        run.main(["--global-batch", "15", "--devices", "1", "2", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,155 @@
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from common import results
+from common.errors import InputError
+
+
+def complete_record(**changes) -> dict:
+    fields = dict(
+        framework="pytorch",
+        notebook="PyTorch_MultiGPU",
+        devices=2,
+        device_kind="cpu",
+        device_names=["cpu:0", "cpu:1"],
+        precision="fp32",
+        global_batch=32,
+        image_size=64,
+        epochs=3,
+        data="generated",
+        train_images=700,
+        epoch_seconds=[12.5, 10.0, 10.1],
+        images_per_second=69.7,
+        test_auc=0.71,
+        per_class_auc={"Hernia": None, "Mass": 0.8},
+        device_utilization={"cpu": {"utilization_mean_percent": 91.0, "memory_peak_mib": 2048.0}},
+        versions={"python": "3.11.9", "torch": "2.4.0"},
+    )
+    fields.update(changes)
+    return results.new_record(**fields)
+
+
+def test_new_record_fills_run_id_commit_and_timestamp():
+    record = complete_record()
+    assert len(record["run_id"]) == 12
+    assert "timestamp" in record and "git_commit" in record
+    assert results.validate(record) is record
+
+
+def test_record_round_trips_through_write_and_load_all(tmp_path):
+    record = complete_record()
+    path = results.write(record, tmp_path)
+    assert path.name == f"PyTorch_MultiGPU-2dev-generated-{record['run_id']}.json"
+    (loaded,) = results.load_all(tmp_path)
+    assert loaded.pop("path") == str(path)
+    assert loaded == record
+
+
+def test_load_all_returns_oldest_first(tmp_path):
+    newer = complete_record(timestamp="2025-02-01T00:00:00+00:00", run_id="bbbb")
+    older = complete_record(timestamp="2025-01-01T00:00:00+00:00", run_id="zzzz")
+    results.write(newer, tmp_path)
+    results.write(older, tmp_path)
+    assert [r["run_id"] for r in results.load_all(tmp_path)] == ["zzzz", "bbbb"]
+
+
+def test_write_leaves_no_temp_files(tmp_path):
+    results.write(complete_record(), tmp_path)
+    files = os.listdir(tmp_path)
+    assert len(files) == 1
+    assert not [name for name in files if name.startswith(".")]
+
+
+def test_write_with_utilization_writes_the_csv_and_records_its_name(tmp_path):
+    frame = pd.DataFrame(
+        {
+            "seconds": [0.0, 0.5],
+            "device": ["cpu", "cpu"],
+            "utilization_percent": [50.0, 70.0],
+            "memory_mib": [10.0, 12.0],
+        }
+    )
+    path = results.write(complete_record(), tmp_path, utilization=frame)
+    saved = json.loads(path.read_text())
+    csv = tmp_path / saved["utilization_csv"]
+    assert csv.name == path.name.replace(".json", ".utilization.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(csv), frame)
+    assert sorted(os.listdir(tmp_path)) == sorted([path.name, csv.name])
+
+
+def test_write_turns_numpy_values_into_json(tmp_path):
+    import numpy as np
+
+    record = complete_record(train_images=np.int64(700), epoch_seconds=np.array([1.5, 2.0]), test_auc=np.float32(0.5))
+    (loaded,) = results.load_all(results.write(record, tmp_path).parent)
+    assert (loaded["train_images"], loaded["epoch_seconds"], loaded["test_auc"]) == (700, [1.5, 2.0], 0.5)
+
+
+@pytest.mark.parametrize("field", ["framework", "test_auc", "timestamp", "device_utilization"])
+def test_validate_rejects_missing_fields(field):
+    record = complete_record()
+    del record[field]
+    with pytest.raises(ValueError, match=f"results record lacks {field}"):
+        results.validate(record)
+
+
+def test_validate_names_every_missing_field():
+    with pytest.raises(ValueError, match="lacks framework, notebook, devices"):
+        results.validate({})
+
+
+@pytest.mark.parametrize("data", ["synthetic", "Real", None])
+def test_validate_rejects_bad_data_kinds(data):
+    with pytest.raises(ValueError, match="data must be one of"):
+        results.validate(complete_record(data=data))
+
+
+def test_validate_rejects_bad_device_kinds():
+    with pytest.raises(ValueError, match="device_kind must be 'gpu' or 'cpu'"):
+        results.validate(complete_record(device_kind="tpu"))
+
+
+def test_write_refuses_an_invalid_record_before_writing(tmp_path):
+    with pytest.raises(ValueError):
+        results.write(complete_record(data="made-up"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_load_all_rejects_a_damaged_record(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"framework": "jax"}))
+    with pytest.raises(ValueError, match="lacks"):
+        results.load_all(tmp_path)
+
+
+def test_check_writable_creates_the_folder(tmp_path):
+    folder = tmp_path / "a" / "b"
+    assert results.check_writable(folder) == folder
+    assert folder.is_dir()
+    assert os.listdir(folder) == []  # the write test left nothing
+
+
+def test_check_writable_names_the_folder_and_the_fix(tmp_path):
+    (tmp_path / "afile").write_text("a regular file, not a folder")
+    folder = tmp_path / "afile" / "sub"
+    with pytest.raises(InputError, match=r"RESULTS_DIR .*afile/sub is not writable .*choose a folder you can write to"):
+        results.check_writable(folder)
+
+
+def test_interrupted_write_leaves_no_file_and_no_temp_file(tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.json, "dump", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        results.write(complete_record(), tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_versions_reports_python_and_missing_packages():
+    found = results.versions("pandas", "surely-not-an-installed-package")
+    assert found["python"].count(".") == 2
+    assert found["pandas"] == pd.__version__
+    assert found["surely-not-an-installed-package"] is None

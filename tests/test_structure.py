@@ -1,0 +1,65 @@
+"""Every notebook shares one skeleton: headings, one parameters cell, the project kernel, no outputs."""
+
+import ast
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+HEADINGS = ["Setup", "Parameters", "Data", "Model", "Train", "Evaluate", "Synthetic-data benchmark", "Record"]
+PARAMETERS = {
+    "DATA_DIR",
+    "DEVICES",
+    "EPOCHS",
+    "BATCH_SIZE_PER_DEVICE",
+    "IMAGE_SIZE",
+    "MAX_IMAGES",
+    "PRECISION",
+    "PRETRAINED",
+    "SEED",
+    "RESULTS_DIR",
+    "BENCH_STEPS",
+}
+KERNEL = "multigpu-notebooks"
+
+
+def test_there_are_notebooks():
+    assert any(path.stem == "PyTorch_MultiGPU" for path in NOTEBOOKS)
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=lambda path: path.stem)
+def notebook(request):
+    return nbformat.read(request.param, as_version=4)
+
+
+def test_shared_headings_in_order(notebook):
+    headings = [
+        line[3:].strip()
+        for cell in notebook.cells
+        if cell.cell_type == "markdown"
+        for line in cell.source.splitlines()
+        if line.startswith("## ")
+    ]
+    assert headings == HEADINGS
+
+
+def test_one_parameters_cell_with_the_shared_names(notebook):
+    tagged = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    names = {target.id for node in ast.parse(tagged[0].source).body for target in node.targets}
+    assert names == PARAMETERS
+
+
+def test_project_kernel(notebook):
+    assert notebook.metadata.kernelspec.name == KERNEL
+
+
+def test_committed_without_outputs(notebook):
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, cell.source[:60]
+
+
+def test_valid_nbformat(notebook):
+    nbformat.validate(notebook)
