@@ -87,6 +87,19 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def describe_devices(records: list[dict]) -> str:
+    """``"gpu: NVIDIA H100 x 8"`` or ``"cpu (simulated devices sharing one machine's cores)"``."""
+    parts = []
+    for kind in sorted({r["device_kind"] for r in records}):
+        if kind == "cpu":
+            parts.append("cpu (simulated devices sharing one machine's cores)")
+            continue
+        widest = max((r for r in records if r["device_kind"] == kind), key=lambda r: len(r["device_names"]))
+        names = pd.Series(widest["device_names"]).value_counts()
+        parts.append("gpu: " + ", ".join(f"{name} x {count}" for name, count in names.items()))
+    return "; ".join(parts) or "none"
+
+
 def plot_throughput(table: pd.DataFrame, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -139,11 +152,10 @@ def build(results_dir, out_dir) -> Path:
     records = results.load_all(results_dir)
     table = summary_table(records)
     newest = {(r["notebook"], r["devices"]): r for r in records if r["data"] != "synthetic-in-RAM"}
-    kinds = sorted({f"{r['device_kind']}: {', '.join(sorted(set(r['device_names'])))}" for r in records})
     lines = [
         "# Results",
         "",
-        f"{len(records)} record(s) from `{results_dir}`; devices: {'; '.join(kinds) or 'none'}.",
+        f"{len(records)} record(s) from `{results_dir}`; devices: {describe_devices(records)}.",
         "",
         table_section(table),
         "",
@@ -166,12 +178,14 @@ def table_section(table: pd.DataFrame) -> str:
 
 
 def update_readme(readme, run_dir) -> None:
-    """Replace the README's results block with the table of ``run_dir/report.md``."""
-    readme, run_dir = Path(readme), Path(run_dir)
-    report = (run_dir / "report.md").read_text()
-    table = "\n".join(line for line in report.splitlines() if line.startswith("|"))
-    note = f"Produced by `make run` ({run_dir.name}, {report.splitlines()[2].split(';', 1)[1].strip()})"
-    replace_block(readme, README_START, README_END, f"{note}\n\n{table}")
+    """Replace the README's results block with the table of the records in ``run_dir/results``."""
+    run_dir = Path(run_dir)
+    records = results.load_all(run_dir / "results")
+    if not records:
+        raise SystemExit(f"{run_dir / 'results'} holds no results records: run `make run` first")
+    day = max(r["timestamp"] for r in records)[:10]
+    note = f"Produced by `make run` on {day} (run `{run_dir.name}`); devices: {describe_devices(records)}."
+    replace_block(readme, README_START, README_END, f"{note}\n\n{table_section(summary_table(records))}")
 
 
 def replace_block(path, start: str, end: str, content: str) -> None:
@@ -187,7 +201,7 @@ def replace_block(path, start: str, end: str, content: str) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--readme", help="update this README from the run folder given as first argument")
-    parser.add_argument("source", help="results folder (or, with --readme, a run folder; default: the newest)")
+    parser.add_argument("source", help="results folder (with --readme: a run folder holding results/)")
     parser.add_argument("out", nargs="?", help="output folder (default: the results folder's parent)")
     args = parser.parse_args(argv)
     if args.readme:

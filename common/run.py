@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     notebooks = find_notebooks(args.notebooks)
     out = Path(args.out or Path("runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
     data_dir = Path(args.data_dir) if args.data_dir else synthetic.ensure(**synthetic.STANDIN[hardware.kind])
-    print(f"{hardware.describe()}; data: {data_dir}; output: {out}")
+    print(f"{hardware.kind} machine, device counts {counts}; data: {data_dir}; output: {out}")
 
     failures = []
     for notebook in notebooks:

@@ -1,5 +1,7 @@
 """The report is built from records only; the run harness checks its input before executing anything."""
 
+import shutil
+
 import pandas as pd
 import pytest
 
@@ -58,7 +60,7 @@ def test_one_row_per_notebook_and_devices_with_scaling(results_dir):
 
 
 def test_newest_record_wins(results_dir):
-    results.write(record(devices=2, rate=180.0, auc=0.9), results_dir)
+    results.write(record(devices=2, rate=180.0, auc=0.9, timestamp="2099-01-01T00:00:00+00:00"), results_dir)
     table = report.summary_table(results.load_all(results_dir))
     assert table.loc[table["devices"] == 2, "train_images_per_second"].item() == 180.0
 
@@ -74,7 +76,7 @@ def test_build_writes_markdown_and_plots(results_dir, tmp_path):
 
 def test_update_readme_replaces_only_the_results_block(results_dir, tmp_path):
     run_dir = tmp_path / "runs" / "20260101-000000"
-    report.build(results_dir, run_dir)
+    shutil.copytree(results_dir, run_dir / "results")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.README_START}\nold\n{report.README_END}\noutro\n")
     report.update_readme(readme, run_dir)
