@@ -5,8 +5,9 @@
 Times, on generated PNGs of the real data set's size (1024 px), one process
 with one thread:
   1. a plain PIL decode loop (the floor: no input pipeline decodes faster than libpng),
-  2. the training pipeline of the PyTorch notebooks: torchvision decode + random
-     resized crop + flip + normalize, as ``common.torch_utils.ChestXrayDataset`` runs it.
+  2. the training pipeline of the PyTorch notebooks: that decode + random resized
+     crop + flip + normalize (torchvision transforms v2 on a uint8 tensor), as
+     ``common.torch_utils.ChestXrayDataset`` runs it.
 Their ratio says how much of the pipeline's time goes to decoding alone.
 """
 

@@ -70,7 +70,8 @@ def visible_gpu_names(nvml=None) -> list[str]:
     picked = []
     for item in (part.strip() for part in visible.split(",")):
         if item.startswith(("GPU-", "MIG-")):
-            picked.append(f"{names[len(picked)]} ({item})" if len(picked) < len(names) else item)
+            if len(picked) < len(names):
+                picked.append(names[len(picked)])
             continue
         if not item.isdigit() or int(item) >= len(names):
             break

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torchvision
 from torch import nn
-from torchvision.io import ImageReadMode, decode_image, read_file
+from PIL import Image
 from torchvision.transforms import v2
 
 from common.devices import threads_per_device
@@ -80,7 +80,7 @@ def launch_env(nproc: int) -> dict[str, str]:
 
 
 class ChestXrayDataset(torch.utils.data.Dataset):
-    """Decodes one PNG as a 1-channel tensor, augments it, then repeats it into 3 channels.
+    """Decodes one PNG as a 1-channel uint8 tensor, augments it, then repeats it into 3 channels.
 
     Working on one channel until the end makes the crop and resize three times
     cheaper than converting to RGB first. Items are (image, labels, index); the
@@ -95,9 +95,10 @@ class ChestXrayDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int):
         path = self.paths[index]
-        try:
-            image = decode_image(read_file(path), mode=ImageReadMode.GRAY)
-        except RuntimeError as error:
+        try:  # Pillow decodes: torchvision's own image decoders are deprecated since 0.29
+            with Image.open(path) as file:
+                image = v2.functional.pil_to_tensor(file.convert("L"))
+        except (OSError, ValueError) as error:
             raise InputError(f"Cannot read image {path} ({error}): replace or remove the file.") from None
         return self.transform(image), self.labels[index], index
 

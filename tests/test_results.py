@@ -139,10 +139,12 @@ def test_check_writable_names_the_folder_and_the_fix(tmp_path):
 
 
 def test_interrupted_write_leaves_no_file_and_no_temp_file(tmp_path, monkeypatch):
+    """Interrupted after the temporary file is written, before the rename: nothing is left behind."""
+
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(results.json, "dump", interrupted)
+    monkeypatch.setattr(results.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         results.write(complete_record(), tmp_path)
     assert os.listdir(tmp_path) == []

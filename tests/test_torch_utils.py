@@ -1,0 +1,67 @@
+"""The PyTorch pieces the notebook's training script is built from."""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from common import chestxray
+from common import torch_utils as tu
+from common.errors import InputError
+
+
+def test_densenet121_has_the_shared_parameter_count():
+    assert tu.trainable_parameters(tu.build_densenet121()) == 6_968_206
+
+
+@pytest.fixture(scope="module")
+def splits(standin):
+    return chestxray.load(standin, seed=0)
+
+
+def test_train_and_eval_transforms_give_normalized_three_channel_images(splits):
+    dataset = tu.ChestXrayDataset(splits["train"].paths, splits["train"].labels, tu.train_transform(24))
+    image, labels, index = dataset[3]
+    assert image.shape == (3, 24, 24) and image.dtype == torch.float32
+    assert torch.equal(labels, torch.as_tensor(splits["train"].labels[3])) and index == 3
+    assert -3 < image.mean() < 3 and image.std() > 0.1  # ImageNet-normalized, not raw 0..255
+    evaluated, _, _ = tu.ChestXrayDataset(splits["test"].paths, splits["test"].labels, tu.eval_transform(24))[0]
+    again, _, _ = tu.ChestXrayDataset(splits["test"].paths, splits["test"].labels, tu.eval_transform(24))[0]
+    assert torch.equal(evaluated, again)  # evaluation is deterministic
+
+
+def test_unreadable_image_during_training_names_the_file(tmp_path):
+    bad = tmp_path / "00000001_000.png"
+    bad.write_bytes(b"not a png")
+    dataset = tu.ChestXrayDataset([str(bad)], np.zeros((1, 14), np.float32), tu.eval_transform(16))
+    with pytest.raises(InputError, match="00000001_000.png"):
+        dataset[0]
+
+
+def test_predict_all_scores_every_image_once_in_order(splits):
+    test = splits["test"]
+    dataset = tu.ChestXrayDataset(test.paths, test.labels, tu.eval_transform(16))
+    loader = DataLoader(dataset, batch_size=7)
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 14))
+    labels, scores = tu.predict_all(model, loader, tu.Process(0, 1, 0, torch.device("cpu")), "fp32")
+    assert labels.shape == scores.shape == (len(test), 14)
+    np.testing.assert_array_equal(labels, test.labels)
+    assert ((scores > 0) & (scores < 1)).all()
+
+
+def test_mixed_precision_on_cpu_is_bf16_without_loss_scaling():
+    cpu = torch.device("cpu")
+    assert tu.mixed_dtype(cpu) == torch.bfloat16
+    assert not tu.grad_scaler("mixed", cpu).is_enabled()
+    with tu.autocast("mixed", cpu):
+        assert torch.nn.Linear(4, 4)(torch.ones(2, 4)).dtype == torch.bfloat16
+    with tu.autocast("fp32", cpu):
+        assert torch.nn.Linear(4, 4)(torch.ones(2, 4)).dtype == torch.float32
+
+
+def test_torchrun_command_uses_this_python():
+    command = tu.torchrun_command("train.py", 2, "config.json")
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=2" in command and command[-2:] == ["train.py", "config.json"]
