@@ -37,6 +37,7 @@ lab: setup
 
 lint: setup
 	$(VENV)/bin/ruff check common tests notebooks
+	$(VENV)/bin/ruff format --check common tests
 
 # Prints the figures and writes them into README.md's bench-loader block.
 bench-loader: setup

@@ -38,6 +38,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # edge of the lung field should not be cropped away half of the time.
 CROP_SCALE = (0.7, 1.0)
 
+# DenseNet-121 downsamples by 32: smaller inputs vanish before the classifier.
+MIN_IMAGE_SIZE = 32
+
 # Adam at this rate per device; the global rate grows linearly with devices.
 BASE_LEARNING_RATE = 1e-4
 
@@ -82,11 +85,19 @@ def fill(device_kind: str, **given) -> dict:
     """Replace each ``None`` among the notebook parameters by its default.
 
     Returns the resolved parameters (with the defaults that are not notebook
-    parameters, such as the learning rate, included) and prints which defaults applied, so a
-    CPU user sees that the run is a shrunken demo and not the benchmark.
+    parameters, such as the learning rate, included), refuses values that
+    cannot train, and prints which defaults applied, so a CPU user sees that
+    the run is a shrunken demo and not the benchmark.
     """
     base = asdict(defaults(device_kind))
     resolved = {**base, **{name: value for name, value in given.items() if value is not None or name not in base}}
+    for name in ("EPOCHS", "BATCH_SIZE_PER_DEVICE", "IMAGE_SIZE", "BENCH_STEPS", "MAX_IMAGES"):
+        check_positive_int(name, resolved.get(name), allow_none=name == "MAX_IMAGES")
+    if resolved["IMAGE_SIZE"] < MIN_IMAGE_SIZE:
+        raise InputError(
+            f"IMAGE_SIZE={resolved['IMAGE_SIZE']} is too small: DenseNet-121 halves the image five times, "
+            f"so set IMAGE_SIZE to {MIN_IMAGE_SIZE} or more."
+        )
     filled = sorted(name for name, value in given.items() if value is None and base.get(name) is not None)
     if filled:
         note = " (a CPU demo: small images, a subset of the data)" if device_kind == "cpu" else ""

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torchvision
-from torch import nn
 from PIL import Image
+from torch import nn
 from torchvision.transforms import v2
 
 from common.devices import threads_per_device

@@ -98,3 +98,18 @@ def test_fill_prints_nothing_when_every_value_is_given(capsys):
     cfg = params.fill("cpu", EPOCHS=1, BATCH_SIZE_PER_DEVICE=2, IMAGE_SIZE=32, MAX_IMAGES=100)
     assert (cfg["EPOCHS"], cfg["BATCH_SIZE_PER_DEVICE"], cfg["IMAGE_SIZE"], cfg["MAX_IMAGES"]) == (1, 2, 32, 100)
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("name", ["EPOCHS", "BATCH_SIZE_PER_DEVICE", "IMAGE_SIZE", "BENCH_STEPS", "MAX_IMAGES"])
+def test_fill_refuses_values_that_cannot_train(name):
+    with pytest.raises(InputError, match=rf"{name} must be a positive integer, got 0: set {name} to 1 or more"):
+        params.fill("cpu", **{name: 0})
+
+
+def test_fill_refuses_images_too_small_for_densenet():
+    with pytest.raises(InputError, match="IMAGE_SIZE=16 is too small.*set IMAGE_SIZE to 32 or more"):
+        params.fill("cpu", IMAGE_SIZE=16)
+
+
+def test_fill_keeps_all_images_on_gpu():
+    assert params.fill("gpu", MAX_IMAGES=None)["MAX_IMAGES"] is None
