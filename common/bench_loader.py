@@ -21,6 +21,7 @@ import time
 from PIL import Image
 
 from common import devices, report, synthetic
+from common.params import NUM_CLASSES
 
 README_START, README_END = "<!-- bench-loader:start -->", "<!-- bench-loader:end -->"
 
@@ -52,7 +53,7 @@ def main(argv=None) -> dict[str, float]:
     torch.set_num_threads(1)
     folder = synthetic.ensure(n_images=args.images, image_size=args.size, seed=0)
     paths = sorted(str(path) for path in (folder / "images").glob("*.png"))
-    labels = torch.zeros(len(paths), 14)
+    labels = torch.zeros(len(paths), NUM_CLASSES)
     dataset = torch_utils.ChestXrayDataset(paths, labels, torch_utils.train_transform(args.crop))
 
     def pil_decode(path):

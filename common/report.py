@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -45,8 +43,8 @@ def summary_table(records: list[dict]) -> pd.DataFrame:
         return pd.DataFrame(columns=list(COLUMNS))
     frame = pd.DataFrame(records).sort_values("timestamp")
     key = ["notebook", "devices", "device_kind", "precision"]
-    trained = frame[frame["data"] != "synthetic-in-RAM"].drop_duplicates(key, keep="last")
-    in_ram = frame[frame["data"] == "synthetic-in-RAM"].drop_duplicates(key, keep="last")
+    trained = frame[frame["data"] != results.IN_RAM].drop_duplicates(key, keep="last")
+    in_ram = frame[frame["data"] == results.IN_RAM].drop_duplicates(key, keep="last")
     table = trained.rename(columns={"images_per_second": "train_images_per_second"}).merge(
         in_ram[[*key, "images_per_second"]].rename(columns={"images_per_second": "ram_images_per_second"}),
         on=key,
@@ -125,7 +123,7 @@ def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
 
     paths = []
     for record in records:
-        if record["data"] == "synthetic-in-RAM" or not record.get("utilization_csv"):
+        if record["data"] == results.IN_RAM or not record.get("utilization_csv"):
             continue
         samples = Path(record["path"]).parent / record["utilization_csv"]
         if not samples.is_file():
@@ -138,20 +136,13 @@ def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
-def _write_text(path: Path, text: str) -> None:
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(handle, "w") as file:
-        file.write(text)
-    os.replace(tmp, path)
-
-
 def build(results_dir, out_dir) -> Path:
     """Write ``report.md`` and its plots into ``out_dir``; returns the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records = results.load_all(results_dir)
     table = summary_table(records)
-    newest = {(r["notebook"], r["devices"]): r for r in records if r["data"] != "synthetic-in-RAM"}
+    newest = {(r["notebook"], r["devices"]): r for r in records if r["data"] != results.IN_RAM}
     lines = [
         "# Results",
         "",
@@ -165,7 +156,7 @@ def build(results_dir, out_dir) -> Path:
     for path in plot_utilizations(list(newest.values()), out_dir):
         lines += [f"![{path.stem}]({path.name})", ""]
     report = out_dir / "report.md"
-    _write_text(report, "\n".join(lines))
+    results.atomic_write(report, lambda file: file.write("\n".join(lines)))
     return report
 
 
@@ -195,7 +186,8 @@ def replace_block(path, start: str, end: str, content: str) -> None:
     if start not in text or end not in text:
         raise SystemExit(f"{path} has no {start} ... {end} block to replace")
     block = f"{start}\n{content}\n{end}"
-    _write_text(path, re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S))
+    replaced = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    results.atomic_write(path, lambda file: file.write(replaced))
 
 
 def main(argv=None) -> None:

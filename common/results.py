@@ -19,7 +19,8 @@ import pandas as pd
 
 from common.errors import InputError
 
-DATA_KINDS = ("real", "generated", "synthetic-in-RAM")
+IN_RAM = "synthetic-in-RAM"  # the benchmark on one random batch held in device memory
+DATA_KINDS = ("real", "generated", IN_RAM)
 REQUIRED = (
     "framework",
     "notebook",
@@ -107,7 +108,8 @@ def validate(record: dict) -> dict:
     return record
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it: ``path`` is complete or absent."""
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
         with os.fdopen(handle, "w") as file:
@@ -132,9 +134,9 @@ def write(record: dict, results_dir, utilization: pd.DataFrame | None = None) ->
     # serialized first: a value JSON cannot store fails here, before any file is written
     text = json.dumps(record, indent=2, sort_keys=True, default=_jsonable)
     if utilization is not None:
-        _atomic_write(csv, lambda file: utilization.to_csv(file, index=False))
+        atomic_write(csv, lambda file: utilization.to_csv(file, index=False))
     path = results_dir / f"{stem}.json"
-    _atomic_write(path, lambda file: file.write(text))
+    atomic_write(path, lambda file: file.write(text))
     return path
 
 
