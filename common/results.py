@@ -108,12 +108,20 @@ def validate(record: dict) -> dict:
     return record
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, write) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it: ``path`` is complete or absent."""
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
         with os.fdopen(handle, "w") as file:
             write(file)
+        # mkstemp creates owner-only files: keep an existing file's mode, else what umask allows
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

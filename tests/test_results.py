@@ -155,3 +155,20 @@ def test_versions_reports_python_and_missing_packages():
     assert found["python"].count(".") == 2
     assert found["pandas"] == pd.__version__
     assert found["surely-not-an-installed-package"] is None
+
+
+def test_written_files_are_readable_by_others_as_umask_allows(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        path = results.write(complete_record(), tmp_path)
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_atomic_write_keeps_the_mode_of_a_file_it_replaces(tmp_path):
+    path = tmp_path / "README.md"
+    path.write_text("old")
+    path.chmod(0o640)
+    results.atomic_write(path, lambda file: file.write("new"))
+    assert path.read_text() == "new" and path.stat().st_mode & 0o777 == 0o640
