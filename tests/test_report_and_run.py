@@ -4,30 +4,21 @@ import shutil
 
 import pandas as pd
 import pytest
+from records import complete_record
 
 from common import devices, report, results, run
 from common.errors import InputError
 
 
 def record(notebook="PyTorch_MultiGPU", devices=1, data="generated", rate=100.0, auc=0.8, **extra):
-    return results.new_record(
-        framework="pytorch",
+    return complete_record(
         notebook=notebook,
         devices=devices,
-        device_kind="cpu",
         device_names=[f"cpu:{i}" for i in range(devices)],
-        precision="fp32",
         global_batch=16 * devices,
-        image_size=64,
-        epochs=3,
         data=data,
-        train_images=500,
-        epoch_seconds=[3.0, 2.0, 2.0],
         images_per_second=rate,
-        test_auc=auc if data != "synthetic-in-RAM" else None,
-        per_class_auc={},
-        device_utilization={"cpu": {"utilization_mean_percent": 90.0, "memory_peak_mib": 1000.0}},
-        versions={"torch": "2.14.1"},
+        test_auc=auc if data != results.IN_RAM else None,
         **extra,
     )
 
