@@ -1,4 +1,4 @@
-"""Shared fixtures: one small generated stand-in data set for the whole session."""
+"""Shared fixtures: small generated stand-in data sets, made once for the whole session."""
 
 import shutil
 
@@ -17,3 +17,9 @@ def standin(tmp_path_factory):
 def standin_copy(standin, tmp_path):
     """A private copy of the stand-in that a test may damage."""
     return shutil.copytree(standin, tmp_path / "data")
+
+
+@pytest.fixture(scope="session")
+def notebook_data(tmp_path_factory):
+    """The stand-in every notebook test trains on: 800 images of 64 px. Read it, never change it."""
+    return synthetic.generate(tmp_path_factory.mktemp("chestxray") / "data", n_images=800, image_size=64, seed=0)

@@ -1,0 +1,102 @@
+"""Executing a notebook headless, as the notebook tests of every framework do.
+
+One place for the papermill call, the 1-and-2-device runs, the bad-input check and nbval,
+so every framework's notebook is held to the same bars.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+
+from common import results
+
+NOTEBOOK_DIR = Path(__file__).parent.parent / "notebooks"
+KERNEL = "multigpu-notebooks"
+# Three epochs on 800 generated 64-pixel images reach a mean test AUC of about 0.82-0.87 on 1 and on
+# 2 devices in PyTorch; 0.70 is the bar for "learned", well clear of chance (0.5) and of run-to-run noise.
+AUC_BAR = 0.70
+# The same model, data and scaling rule on 1 and 2 devices must land close: a data-parallel bug
+# (unsynchronized replicas, a shard scored twice, the 2018 Chainer drop) shows as a larger gap.
+AUC_GAP = 0.05
+# The parameters nbval runs every notebook with: one quick epoch on small images.
+NBVAL_PARAMETERS = dict(DEVICES=2, EPOCHS=1, IMAGE_SIZE=32, MAX_IMAGES=200, BENCH_STEPS=1)
+
+
+def notebook_path(name: str) -> Path:
+    return NOTEBOOK_DIR / f"{name}.ipynb"
+
+
+def execute(name: str, data_dir, out_dir: Path, **parameters) -> Path:
+    """Run notebook ``name`` with papermill; records go to ``out_dir/results``; returns the executed copy."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / f"executed-{parameters.get('DEVICES')}.ipynb"
+    papermill.execute_notebook(
+        notebook_path(name),
+        executed,
+        kernel_name=KERNEL,
+        cwd=NOTEBOOK_DIR,
+        progress_bar=False,
+        parameters={"DATA_DIR": str(data_dir), "RESULTS_DIR": str(out_dir / "results"), **parameters},
+    )
+    return executed
+
+
+def records_by_devices(name: str, data_dir, out: Path, counts=(1, 2), **parameters) -> dict[int, dict[str, dict]]:
+    """Run the notebook at each device count: ``{devices: {data kind: record}}``."""
+    found = {}
+    for devices in counts:
+        execute(name, data_dir, out / str(devices), DEVICES=devices, **parameters)
+        found[devices] = {r["data"]: r for r in results.load_all(out / str(devices) / "results")}
+    return found
+
+
+def check_training_record(record: dict, *, framework: str, notebook: str, devices: int, parameters: dict) -> None:
+    """The fields every training record must carry, with the values the run was given."""
+    assert set(results.REQUIRED) <= set(record)
+    assert record["framework"] == framework and record["notebook"] == notebook
+    assert record["devices"] == devices and record["device_kind"] == "cpu"
+    assert record["global_batch"] == parameters["BATCH_SIZE_PER_DEVICE"] * devices
+    assert len(record["epoch_seconds"]) == parameters["EPOCHS"] and record["images_per_second"] > 0
+    assert len(record["per_class_auc"]) == 14
+    assert record["device_utilization"]["cpu"]["memory_peak_mib"] > 0
+    assert Path(record["path"]).with_name(record["utilization_csv"]).is_file()
+
+
+def assert_stops_before_training(name: str, data_dir, tmp_path: Path, parameters: dict, message: str) -> None:
+    """Bad input raises ``InputError`` naming ``message``, no cell under "## Train" ran, no record was written."""
+    with pytest.raises(papermill.PapermillExecutionError) as error:
+        execute(name, data_dir, tmp_path, **{"DEVICES": 1, **parameters})
+    assert error.value.ename == "InputError", error.value.evalue
+    assert message in error.value.evalue
+    executed = nbformat.read(tmp_path / f"executed-{parameters.get('DEVICES', 1)}.ipynb", as_version=4)
+    cells = executed.cells
+    train = next(i for i, cell in enumerate(cells) if cell.cell_type == "markdown" and "## Train" in cell.source)
+    ran = [cell.source[:60] for cell in cells[train:] if cell.cell_type == "code" and cell.execution_count]
+    assert not ran, f"training cells ran before the error: {ran}"
+    assert not list((tmp_path / "results").glob("*.json")), "a record was written for a run that never trained"
+
+
+def run_nbval(name: str, data_dir, tmp_path: Path, **parameters) -> None:
+    """nbval --nbval-lax over the notebook prepared with CPU-sized parameters; it must write two records."""
+    prepared = tmp_path / f"{name}.ipynb"
+    papermill.execute_notebook(
+        notebook_path(name),
+        prepared,
+        prepare_only=True,
+        kernel_name=KERNEL,
+        parameters={
+            "DATA_DIR": str(data_dir),
+            "RESULTS_DIR": str(tmp_path / "results"),
+            **NBVAL_PARAMETERS,
+            **parameters,
+        },
+    )
+    command = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-kernel-name", KERNEL]
+    command += ["-p", "no:cacheprovider", "-q", str(prepared)]
+    out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert len(list((tmp_path / "results").glob("*.json"))) >= 2
