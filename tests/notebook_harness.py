@@ -30,13 +30,19 @@ def notebook_path(name: str) -> Path:
     return NOTEBOOK_DIR / f"{name}.ipynb"
 
 
-def execute(name: str, data_dir, out_dir: Path, **parameters) -> Path:
-    """Run notebook ``name`` with papermill; records go to ``out_dir/results``; returns the executed copy."""
+def execute(
+    name: str, data_dir, out_dir: Path, *, output: Path | None = None, prepare_only=False, **parameters
+) -> Path:
+    """Run notebook ``name`` with papermill (or only fill in its parameters); records go to ``out_dir/results``.
+
+    Returns the executed copy, ``output`` or ``out_dir/executed-<DEVICES>.ipynb``.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    executed = out_dir / f"executed-{parameters.get('DEVICES')}.ipynb"
+    executed = output or out_dir / f"executed-{parameters.get('DEVICES')}.ipynb"
     papermill.execute_notebook(
         notebook_path(name),
         executed,
+        prepare_only=prepare_only,
         kernel_name=KERNEL,
         cwd=NOTEBOOK_DIR,
         progress_bar=False,
@@ -82,18 +88,13 @@ def assert_stops_before_training(name: str, data_dir, tmp_path: Path, parameters
 
 def run_nbval(name: str, data_dir, tmp_path: Path, **parameters) -> None:
     """nbval --nbval-lax over the notebook prepared with CPU-sized parameters; it must write two records."""
-    prepared = tmp_path / f"{name}.ipynb"
-    papermill.execute_notebook(
-        notebook_path(name),
-        prepared,
+    prepared = execute(
+        name,
+        data_dir,
+        tmp_path,
+        output=tmp_path / f"{name}.ipynb",
         prepare_only=True,
-        kernel_name=KERNEL,
-        parameters={
-            "DATA_DIR": str(data_dir),
-            "RESULTS_DIR": str(tmp_path / "results"),
-            **NBVAL_PARAMETERS,
-            **parameters,
-        },
+        **{**NBVAL_PARAMETERS, **parameters},
     )
     command = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-kernel-name", KERNEL]
     command += ["-p", "no:cacheprovider", "-q", str(prepared)]
