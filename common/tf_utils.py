@@ -1,0 +1,345 @@
+"""TensorFlow pieces shared by the TensorFlow (custom loop) and Keras (``model.fit``) notebooks.
+
+Imported only by those notebooks (``import common`` does not import TensorFlow).
+:func:`configure_devices` must run before anything else touches TensorFlow's devices:
+TensorFlow fixes its logical devices and thread pools when its runtime first starts.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from common import devices as common_devices
+from common import metrics
+from common.errors import InputError
+from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+
+STRATEGIES = ("mirrored", "central_storage", "multi_worker")
+# torchvision's BatchNorm keeps 90% of its running statistics per step (PyTorch's momentum=0.1);
+# Keras' DenseNet keeps 99%, which after a short run still mostly remembers its initial values
+# and evaluates badly. The same model in every framework means the same statistics too.
+BATCH_NORM_MOMENTUM = 0.9
+
+
+def check_strategy(name: str) -> str:
+    if name not in STRATEGIES:
+        raise InputError(f"STRATEGY must be one of {', '.join(map(repr, STRATEGIES))}, got {name!r}.")
+    return name
+
+
+def check_keras_strategy(name: str) -> str:
+    """``model.fit`` works under every strategy here but ``multi_worker``: say so before any training."""
+    if check_strategy(name) == "multi_worker":
+        raise InputError(
+            "STRATEGY='multi_worker' does not work with Keras 3 model.fit today (it fails with \"Attempt to convert "
+            "a value (PerReplica...)\", keras-team/keras#20585): use 'mirrored' on one machine, or the custom "
+            "training loop of Tensorflow_MultiGPU.ipynb for several machines."
+        )
+    return name
+
+
+def configure_devices(hardware: common_devices.Devices, strategy: str = "mirrored") -> list[str]:
+    """Make ``hardware`` what TensorFlow sees; return the device names a strategy should use.
+
+    GPUs: only the first ``hardware.count`` are visible, each with memory growth so TensorFlow does
+    not reserve all memory up front. CPU: the physical CPU is split into ``hardware.count`` logical
+    devices, so ``MirroredStrategy`` runs its real multi-replica path.
+    """
+    check_strategy(strategy)
+    if strategy == "multi_worker" and hardware.kind == "cpu" and hardware.count > 1:
+        raise InputError(
+            f"DEVICES={hardware.count} with STRATEGY='multi_worker' on a CPU: a worker uses one CPU device, so "
+            f"start {hardware.count} workers with TF_CONFIG (one process each, DEVICES=1), or use "
+            f"STRATEGY='mirrored' for {hardware.count} devices in this process."
+        )
+    try:
+        if hardware.kind == "gpu":
+            gpus = tf.config.list_physical_devices("GPU")[: hardware.count]
+            tf.config.set_visible_devices(gpus, "GPU")
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            return [f"/gpu:{i}" for i in range(len(gpus))]
+        # Replicas share one intra-op pool of the process's cores, and the inter-op pool lets them
+        # run at once: each replica's ops get a device's share of the cores.
+        tf.config.threading.set_intra_op_parallelism_threads(common_devices.threads_per_device(hardware.count))
+        tf.config.threading.set_inter_op_parallelism_threads(hardware.count)
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * hardware.count)
+    except RuntimeError as error:
+        raise InputError(
+            f"TensorFlow has already started its runtime in this process ({error}): restart the kernel and run "
+            "the notebook from the top, so the devices are configured before anything else uses TensorFlow."
+        ) from None
+    return [f"/cpu:{i}" for i in range(hardware.count)]
+
+
+def make_strategy(name: str, device_names: list[str], kind: str) -> tf.distribute.Strategy:
+    """The ``tf.distribute`` strategy called ``name`` over ``device_names``.
+
+    ``mirrored``: a copy of the variables on every device, gradients all-reduced (NCCL on GPUs).
+    ``central_storage``: variables on one device (the CPU, or the only GPU), computation replicated.
+    ``multi_worker``: mirrored across processes or machines described by ``TF_CONFIG``; without it,
+    this process is the only worker (its GPUs, or one CPU device).
+    """
+    check_strategy(name)
+    if name == "mirrored":
+        # NCCL only exists between GPUs; logical CPU devices reduce through one device
+        cross_device = tf.distribute.ReductionToOneDevice() if kind == "cpu" else None
+        return tf.distribute.MirroredStrategy(device_names, cross_device_ops=cross_device)
+    if name == "central_storage":
+        return tf.distribute.experimental.CentralStorageStrategy(device_names, parameter_device="/cpu:0")
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def set_precision(precision: str, kind: str) -> str:
+    """Set the Keras mixed-precision policy: bf16 on CPUs and on GPUs from Ampere on, fp16 before."""
+    if precision == "fp32":
+        policy = "float32"
+    elif kind == "gpu" and not all(
+        tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)) >= (8, 0)
+        for gpu in tf.config.get_visible_devices("GPU")
+    ):
+        policy = "mixed_float16"  # no fast bf16 before Ampere; fp16 needs loss scaling (see make_optimizer)
+    else:
+        policy = "mixed_bfloat16"
+    keras.mixed_precision.set_global_policy(policy)
+    return policy
+
+
+def build_densenet121(image_size: int, pretrained: bool = False, activation: str | None = None) -> keras.Model:
+    """Keras' DenseNet-121 with a 14-way head (6,968,206 trainable parameters); build it inside a strategy scope.
+
+    ``activation=None`` gives logits, ``"sigmoid"`` probabilities. The head computes in float32 also
+    under a mixed-precision policy, for a stable loss.
+    """
+    base = keras.applications.DenseNet121(
+        weights="imagenet" if pretrained else None,
+        include_top=False,
+        input_shape=(image_size, image_size, 3),
+        pooling="avg",
+    )
+    for layer in base.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = BATCH_NORM_MOMENTUM
+        elif isinstance(layer, keras.layers.Conv2D) and not pretrained:
+            # torchvision starts its convolutions from Kaiming-normal weights, Keras from Glorot-uniform ones,
+            # which are smaller: the same Adam step then moves them further, the batch statistics drift
+            # faster than the running averages follow, and evaluation suffers in a short run.
+            layer.kernel.assign(keras.initializers.HeNormal()(layer.kernel.shape))
+    head = keras.layers.Dense(NUM_CLASSES, activation=activation, dtype="float32", name="predictions")
+    return keras.Model(base.input, head(base.output), name="densenet121")
+
+
+def share_batch_norm_statistics(model: keras.Model) -> None:
+    """Give every replica the first replica's BatchNorm running statistics, as PyTorch's DDP does.
+
+    Under a ``tf.distribute`` strategy each replica updates its own copy of the running mean and
+    variance from its own share of the batch, so the copies drift apart and an image's score would
+    depend on the replica that scores it. DDP broadcasts rank 0's copy before every forward pass;
+    calling this before each evaluation gives the same statistics to every replica.
+    """
+    for variable in model.non_trainable_variables:
+        copies = getattr(variable.value, "values", ())
+        for copy in copies[1:]:
+            copy.assign(copies[0])
+
+
+class ShareBatchNormStatistics(keras.callbacks.Callback):
+    """:func:`share_batch_norm_statistics` before every evaluation and prediction of ``model.fit`` and friends."""
+
+    def on_test_begin(self, logs=None):
+        share_batch_norm_statistics(self.model)
+
+    def on_predict_begin(self, logs=None):
+        share_batch_norm_statistics(self.model)
+
+
+def make_optimizer(learning_rate: float, policy: str) -> keras.optimizers.Optimizer:
+    """Adam; under float16 wrapped in dynamic loss scaling, which bf16 and fp32 do not need."""
+    optimizer = keras.optimizers.Adam(learning_rate)
+    return keras.optimizers.LossScaleOptimizer(optimizer) if policy == "mixed_float16" else optimizer
+
+
+def trainable_parameters(model: keras.Model) -> int:
+    return int(sum(np.prod(weight.shape) for weight in model.trainable_weights))
+
+
+def replica_loss(labels: tf.Tensor, logits: tf.Tensor, global_batch: int) -> tf.Tensor:
+    """One replica's share of the mean binary cross-entropy over the global batch.
+
+    The optimizer sums the replicas' gradients, so each replica divides its summed loss by the
+    global batch, not by its own: with 2 replicas a per-replica mean would double every step.
+    """
+    per_image = tf.reduce_mean(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=tf.cast(logits, tf.float32)), axis=-1
+    )
+    return tf.nn.compute_average_loss(per_image, global_batch_size=global_batch)
+
+
+def _normalize(image: tf.Tensor) -> tf.Tensor:
+    image = tf.image.grayscale_to_rgb(tf.cast(image, tf.float32) / 255.0)
+    return (image - IMAGENET_MEAN) / IMAGENET_STD
+
+
+def _decode(path: tf.Tensor) -> tf.Tensor:
+    return tf.io.decode_png(tf.io.read_file(path), channels=1)
+
+
+def train_transform(image: tf.Tensor, image_size: int) -> tf.Tensor:
+    """Random resized crop (area in ``CROP_SCALE``, aspect 3/4 to 4/3), horizontal flip, normalize."""
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.zeros([1, 0, 4]),
+        area_range=CROP_SCALE,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    image = tf.image.resize(tf.slice(image, begin, size), (image_size, image_size), antialias=True)
+    return _normalize(tf.image.random_flip_left_right(image))
+
+
+def eval_transform(image: tf.Tensor, image_size: int) -> tf.Tensor:
+    """Resize the short side to ``image_size``, center crop, normalize."""
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scaled = tf.cast(tf.round(shape * image_size / tf.reduce_min(shape)), tf.int32)
+    image = tf.image.resize(image, scaled, antialias=True)
+    return _normalize(tf.image.resize_with_crop_or_pad(image, image_size, image_size))
+
+
+def dataset(split, image_size: int, global_batch: int, training: bool, seed: int = 0) -> tf.data.Dataset:
+    """A ``tf.data`` pipeline over a :class:`common.chestxray.Split`, batched by the global batch.
+
+    PNGs are decoded and augmented in parallel (AUTOTUNE picks the threads) and the next batches are
+    prefetched while the devices compute. Training drops the last partial batch so every step has the
+    global batch; evaluation keeps it, so every image is scored exactly once.
+    """
+    data = tf.data.Dataset.from_tensor_slices((list(split.paths), split.labels.astype(np.float32)))
+    if training:
+        data = data.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)
+    transform = train_transform if training else eval_transform
+    data = data.map(lambda path, label: (transform(_decode(path), image_size), label), tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    # Several workers (multi_worker) each take every n-th global batch, rather than every n-th file.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return data.batch(global_batch, drop_remainder=training).prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def predict_all(strategy: tf.distribute.Strategy, predict_step, distributed) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and scores of every image of a distributed dataset, gathered from all replicas in order.
+
+    ``predict_step(images, labels)`` runs on one replica and returns ``(labels, scores)``.
+    """
+
+    @tf.function
+    def step(batch):
+        labels, scores = strategy.run(predict_step, args=batch)
+        return strategy.gather(labels, axis=0), strategy.gather(scores, axis=0)
+
+    gathered = [step(batch) for batch in distributed]
+    labels = np.concatenate([labels.numpy() for labels, _ in gathered])
+    scores = np.concatenate([scores.numpy() for _, scores in gathered])
+    return labels, scores.astype(np.float32)
+
+
+def random_batch(batch: int, image_size: int, seed: int = 0) -> tuple[tf.Tensor, tf.Tensor]:
+    """Normal images and coin-flip labels: the synthetic-data benchmark's input."""
+    generator = tf.random.Generator.from_seed(seed)
+    images = generator.normal((batch, image_size, image_size, 3))
+    labels = tf.cast(generator.uniform((batch, NUM_CLASSES)) < 0.5, tf.float32)
+    return images, labels
+
+
+def time_steps(strategy: tf.distribute.Strategy, train_step, batch_per_replica: int, image_size: int, steps: int):
+    """Images per second of ``steps`` distributed training steps on one random batch held on each replica's device.
+
+    ``train_step(images, labels)`` is the per-replica step and returns its loss. Two warm-up steps
+    (tracing, allocation) are not timed.
+    """
+    batch = strategy.experimental_distribute_values_from_function(
+        lambda context: random_batch(batch_per_replica, image_size, seed=context.replica_id_in_sync_group)
+    )
+
+    @tf.function
+    def step():
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(train_step, args=batch), axis=None)
+
+    for _ in range(2):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    loss.numpy()  # reading the last loss back waits for the devices to finish
+    return steps * batch_per_replica * strategy.num_replicas_in_sync / (time.perf_counter() - start)
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Seconds of training in each epoch of ``model.fit``, validation left out.
+
+    The clock stops when validation starts (``on_test_begin``), or at the end of an epoch without it.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.epoch_seconds: list[float] = []
+        self._start: float | None = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def _stop(self):
+        if self._start is not None:
+            self.epoch_seconds.append(time.perf_counter() - self._start)
+            self._start = None
+
+    def on_test_begin(self, logs=None):
+        self._stop()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._stop()
+
+
+class ExactAUC(keras.callbacks.Callback):
+    """After each epoch, the mean ROC AUC on ``data`` computed as every notebook does, logged as ``val_exact_auc``.
+
+    ``keras.metrics.AUC(multi_label=True)`` counts a finding without positives in the data as 0; the
+    small validation split of a demo lacks some findings, so its Keras AUC reads far too low.
+    """
+
+    def __init__(self, data: tf.data.Dataset, labels: np.ndarray):
+        super().__init__()
+        self.data, self.labels = data, labels
+        self.history: list[float] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="ROC AUC undefined")
+            auc = metrics.roc_auc(self.labels, self.model.predict(self.data, verbose=0)).mean
+        self.history.append(auc)
+        if logs is not None:
+            logs["val_exact_auc"] = auc
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Images per second of ``model.fit`` steps after ``warmup`` untimed ones (tracing, allocation)."""
+
+    def __init__(self, global_batch: int, warmup: int = 2):
+        super().__init__()
+        self.global_batch, self.warmup = global_batch, warmup
+        self._times: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        float(logs["loss"])  # reading the loss back waits for the devices to finish the step
+        self._times.append(time.perf_counter())
+
+    @property
+    def images_per_second(self) -> float:
+        timed = self._times[self.warmup - 1 :]
+        if len(timed) < 2:
+            raise ValueError(f"time at least {self.warmup + 1} steps, not {len(self._times)}")
+        return (len(timed) - 1) * self.global_batch / (timed[-1] - timed[0])

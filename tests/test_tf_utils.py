@@ -1,0 +1,102 @@
+"""The TensorFlow pieces both TensorFlow notebooks are built from, and tf.distribute's data-parallel sync."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common import chestxray
+from common import tf_utils as tfu
+from common.errors import InputError
+
+
+def test_densenet121_has_the_shared_parameter_count():
+    """The same 6,968,206 trainable parameters as torchvision's DenseNet-121 with 14 outputs."""
+    assert tfu.trainable_parameters(tfu.build_densenet121(32)) == 6_968_206
+
+
+def test_densenet121_matches_torchvision_batch_norm_momentum_and_float32_head():
+    model = tfu.build_densenet121(32, activation="sigmoid")
+    norms = [layer for layer in model.layers if layer.__class__.__name__ == "BatchNormalization"]
+    assert len(norms) == 121 and {layer.momentum for layer in norms} == {tfu.BATCH_NORM_MOMENTUM}
+    assert model.layers[-1].dtype_policy.compute_dtype == "float32"
+    scores = model(np.zeros((2, 32, 32, 3), np.float32)).numpy()
+    assert scores.shape == (2, 14) and ((scores > 0) & (scores < 1)).all()
+
+
+@pytest.fixture(scope="module")
+def splits(standin):
+    return chestxray.load(standin, seed=0)
+
+
+def test_datasets_give_normalized_three_channel_images_and_score_every_image_once(splits):
+    train = tfu.dataset(splits["train"], 24, global_batch=8, training=True)
+    images, labels = next(iter(train))
+    assert images.shape == (8, 24, 24, 3) and images.dtype == tf.float32 and labels.shape == (8, 14)
+    assert -3 < float(tf.reduce_mean(images)) < 3 and float(tf.math.reduce_std(images)) > 0.1
+    assert sum(int(batch[1].shape[0]) for batch in train) == len(splits["train"]) // 8 * 8  # full batches only
+    test = [labels.numpy() for _, labels in tfu.dataset(splits["test"], 24, global_batch=7, training=False)]
+    np.testing.assert_array_equal(np.concatenate(test), splits["test"].labels)  # all, in order
+    first = next(iter(tfu.dataset(splits["test"], 24, 7, training=False)))[0]
+    again = next(iter(tfu.dataset(splits["test"], 24, 7, training=False)))[0]
+    np.testing.assert_array_equal(first.numpy(), again.numpy())  # evaluation is deterministic
+
+
+def test_replica_loss_is_the_mean_over_the_global_batch():
+    labels = tf.constant([[1.0] * 14, [0.0] * 14])
+    logits = tf.zeros((2, 14))
+    np.testing.assert_allclose(float(tfu.replica_loss(labels, logits, global_batch=2)), np.log(2), rtol=1e-6)
+    np.testing.assert_allclose(float(tfu.replica_loss(labels, logits, global_batch=4)), np.log(2) / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["central", "", "multi-worker"])
+def test_unknown_strategy_is_refused(strategy):
+    with pytest.raises(InputError, match="STRATEGY must be one of"):
+        tfu.check_strategy(strategy)
+
+
+def test_keras_refuses_multi_worker_naming_the_upstream_issue():
+    assert tfu.check_keras_strategy("mirrored") == "mirrored"
+    with pytest.raises(InputError, match="keras-team/keras#20585"):
+        tfu.check_keras_strategy("multi_worker")
+
+
+def test_step_timer_leaves_out_the_warm_up_steps():
+    timer = tfu.StepTimer(global_batch=10, warmup=2)
+    timer._times = [0.0, 5.0, 6.0, 7.0, 8.0]  # a slow first step (tracing), then one per second
+    assert timer.images_per_second == pytest.approx(10.0)
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    """One SGD step on 1 and on 2 logical CPU devices, in a process of its own (see tf_replicas.py)."""
+    script = Path(__file__).with_name("tf_replicas.py")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "central_storage"])
+def test_two_replicas_take_the_same_step_as_one_device(replicas, strategy):
+    result = replicas[strategy]
+    assert result["replicas"] == 2
+    assert result["two_vs_one"] < 1e-6
+    assert result["step_size"] > 1e-3  # the step really moved the weights, so equality is not trivial
+    # the check is sharp: dividing each replica's loss by its own share of the batch doubles the step
+    assert result["wrong_reduction_vs_one"] > result["step_size"] / 2
+    # model.fit reduces the loss the same way: the Keras notebook takes the same step as the custom loop
+    assert result["fit_two_vs_one"] < 1e-6 and result["fit_vs_custom_loop"] < 1e-6
+
+
+def test_batch_norm_statistics_stay_per_replica(replicas):
+    """The known exception: each replica keeps the statistics of its own share of the batch."""
+    result = replicas["batch_norm"]
+    first, second = (np.array(mean) for mean in result["replica_moving_means"])
+    assert not np.allclose(first, second, atol=1e-4)
+    assert not np.allclose(first, result["one_device_moving_mean"], atol=1e-4)
+    # what the notebooks do before evaluating, as DDP does: every replica gets the first one's statistics
+    assert result["shared_moving_means"] == [result["replica_moving_means"][0]] * 2
