@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -71,6 +72,19 @@ def test_step_timer_leaves_out_the_warm_up_steps():
     assert timer.images_per_second == pytest.approx(10.0)
 
 
+def test_mixed_precision_is_bf16_on_cpu_with_a_float32_head():
+    try:
+        assert tfu.set_precision("mixed", "cpu") == "mixed_bfloat16"
+        model = tfu.build_densenet121(32)
+        assert model.get_layer("conv1_conv").compute_dtype == "bfloat16"
+        assert model(np.zeros((1, 32, 32, 3), np.float32)).dtype == "float32"
+        assert not isinstance(tfu.make_optimizer(1e-3, "mixed_bfloat16"), keras.optimizers.LossScaleOptimizer)
+        assert isinstance(tfu.make_optimizer(1e-3, "mixed_float16"), keras.optimizers.LossScaleOptimizer)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert tfu.set_precision("fp32", "cpu") == "float32"
+
+
 @pytest.fixture(scope="module")
 def replicas():
     """One SGD step on 1 and on 2 logical CPU devices, in a process of its own (see tf_replicas.py)."""
@@ -90,6 +104,10 @@ def test_two_replicas_take_the_same_step_as_one_device(replicas, strategy):
     assert result["wrong_reduction_vs_one"] > result["step_size"] / 2
     # model.fit reduces the loss the same way: the Keras notebook takes the same step as the custom loop
     assert result["fit_two_vs_one"] < 1e-6 and result["fit_vs_custom_loop"] < 1e-6
+
+
+def test_multi_worker_without_tf_config_is_one_worker_taking_the_same_step(replicas):
+    assert replicas["multi_worker"] == {"replicas": 1, "vs_one": pytest.approx(0.0, abs=1e-6)}
 
 
 def test_batch_norm_statistics_stay_per_replica(replicas):

@@ -94,6 +94,13 @@ def main() -> None:
             "fit_two_vs_one": max_difference(fit_step(two), fit_step(one)),
             "fit_vs_custom_loop": max_difference(fit_step(one), weights1),
         }
+    # Without TF_CONFIG, MultiWorkerMirroredStrategy is one worker with one replica on a CPU.
+    multi_worker = tfu.make_strategy("multi_worker", names, "cpu")
+    _, weights_multi = one_step(multi_worker)
+    report["multi_worker"] = {
+        "replicas": multi_worker.num_replicas_in_sync,
+        "vs_one": max_difference(weights_multi, one_step(tfu.make_strategy("mirrored", names[:1], "cpu"))[1]),
+    }
     trained1, moving1, _ = one_step(tfu.make_strategy("mirrored", names[:1], "cpu"), batch_norm=True)
     trained2, moving2, shared = one_step(tfu.make_strategy("mirrored", names, "cpu"), batch_norm=True)
     report["batch_norm"] = {
