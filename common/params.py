@@ -41,6 +41,11 @@ CROP_SCALE = (0.7, 1.0)
 # DenseNet-121 downsamples by 32: smaller inputs vanish before the classifier.
 MIN_IMAGE_SIZE = 32
 
+# Before testing, every notebook re-estimates the BatchNorm statistics from this many training batches
+# with the final weights ("precise BN"): in a short run at a high learning rate the running averages
+# lag behind the weights, and evaluation with them varies from run to run far more than the model does.
+BATCH_NORM_BATCHES = 16
+
 # Adam at this rate per device; the global rate grows linearly with devices.
 BASE_LEARNING_RATE = 1e-4
 

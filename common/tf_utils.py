@@ -135,6 +135,24 @@ def build_densenet121(image_size: int, pretrained: bool = False, activation: str
     return keras.Model(base.input, head(base.output), name="densenet121")
 
 
+def recompute_batch_norm_statistics(model: keras.Model, data: tf.data.Dataset, batches: int) -> None:
+    """Replace the BatchNorm running averages by the mean statistics of ``batches`` batches of ``data``.
+
+    The same as PyTorch's ``torch.optim.swa_utils.update_bn``: a cumulative average instead of the
+    moving one. Run it outside ``strategy.run`` so that every replica's copy gets the same values.
+    """
+    norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    momentum = [layer.momentum for layer in norms]
+    try:
+        for seen, (images, _) in enumerate(data.take(batches)):
+            for layer in norms:
+                layer.momentum = seen / (seen + 1)  # the first batch replaces, later ones average in
+            model(images, training=True)
+    finally:
+        for layer, value in zip(norms, momentum):
+            layer.momentum = value
+
+
 def share_batch_norm_statistics(model: keras.Model) -> None:
     """Give every replica the first replica's BatchNorm running statistics, as PyTorch's DDP does.
 

@@ -54,6 +54,16 @@ def test_replica_loss_is_the_mean_over_the_global_batch():
     np.testing.assert_allclose(float(tfu.replica_loss(labels, logits, global_batch=4)), np.log(2) / 2, rtol=1e-6)
 
 
+def test_recomputed_batch_norm_statistics_are_the_mean_of_the_batches_and_momentum_is_restored():
+    norm = keras.layers.BatchNormalization(momentum=0.9)
+    model = keras.Sequential([keras.Input((3,)), norm])
+    batches = [np.full((4, 3), 2.0, np.float32), np.full((4, 3), 6.0, np.float32), np.zeros((4, 3), np.float32)]
+    data = tf.data.Dataset.from_tensor_slices((np.concatenate(batches), np.zeros(12, np.float32))).batch(4)
+    tfu.recompute_batch_norm_statistics(model, data, batches=2)  # the first two batches only
+    np.testing.assert_allclose(norm.moving_mean.numpy(), [4.0] * 3)
+    assert norm.momentum == 0.9
+
+
 @pytest.mark.parametrize("strategy", ["central", "", "multi-worker"])
 def test_unknown_strategy_is_refused(strategy):
     with pytest.raises(InputError, match="STRATEGY must be one of"):
@@ -118,3 +128,6 @@ def test_batch_norm_statistics_stay_per_replica(replicas):
     assert not np.allclose(first, result["one_device_moving_mean"], atol=1e-4)
     # what the notebooks do before evaluating, as DDP does: every replica gets the first one's statistics
     assert result["shared_moving_means"] == [result["replica_moving_means"][0]] * 2
+    # recomputed outside the replicas, every replica gets the same, new statistics
+    first, second = result["recomputed_moving_means"]
+    assert first == second and not np.allclose(first, result["shared_moving_means"][0], atol=1e-4)
