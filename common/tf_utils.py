@@ -66,6 +66,8 @@ def configure_devices(hardware: common_devices.Devices, strategy: str = "mirrore
             return [f"/gpu:{i}" for i in range(len(gpus))]
         # Replicas share one intra-op pool of the process's cores, and the inter-op pool lets them
         # run at once: each replica's ops get a device's share of the cores.
+        # the same SEED gives the same run on a CPU, as in the PyTorch notebooks; GPUs keep their fastest kernels
+        tf.config.experimental.enable_op_determinism()
         tf.config.threading.set_intra_op_parallelism_threads(common_devices.threads_per_device(hardware.count))
         tf.config.threading.set_inter_op_parallelism_threads(hardware.count)
         cpu = tf.config.list_physical_devices("CPU")[0]
@@ -177,9 +179,13 @@ class ShareBatchNormStatistics(keras.callbacks.Callback):
         share_batch_norm_statistics(self.model)
 
 
-def make_optimizer(learning_rate: float, policy: str) -> keras.optimizers.Optimizer:
-    """Adam; under float16 wrapped in dynamic loss scaling, which bf16 and fp32 do not need."""
-    optimizer = keras.optimizers.Adam(learning_rate)
+def make_optimizer(learning_rate: float, steps: int, policy: str = "float32") -> keras.optimizers.Optimizer:
+    """Adam with the rate decaying along a cosine from ``learning_rate`` to 0 over ``steps`` steps.
+
+    Under float16 it is wrapped in dynamic loss scaling, which bf16 and fp32 do not need
+    (``model.compile`` wraps it by itself).
+    """
+    optimizer = keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps))
     return keras.optimizers.LossScaleOptimizer(optimizer) if policy == "mixed_float16" else optimizer
 
 
@@ -208,18 +214,24 @@ def _decode(path: tf.Tensor) -> tf.Tensor:
     return tf.io.decode_png(tf.io.read_file(path), channels=1)
 
 
-def train_transform(image: tf.Tensor, image_size: int) -> tf.Tensor:
-    """Random resized crop (area in ``CROP_SCALE``, aspect 3/4 to 4/3), horizontal flip, normalize."""
-    begin, size, _ = tf.image.sample_distorted_bounding_box(
+def train_transform(image: tf.Tensor, image_size: int, seed: tf.Tensor) -> tf.Tensor:
+    """Random resized crop (area in ``CROP_SCALE``, aspect 3/4 to 4/3), horizontal flip, normalize.
+
+    Stateless random ops drawn from ``seed`` (shape [2]): the same image with the same seed gets the
+    same crop, whichever thread of the parallel pipeline happens to decode it.
+    """
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(image),
         bounding_boxes=tf.zeros([1, 0, 4]),
+        seed=crop_seed,
         area_range=CROP_SCALE,
         aspect_ratio_range=(3 / 4, 4 / 3),
         max_attempts=10,
         use_image_if_no_bounding_boxes=True,
     )
     image = tf.image.resize(tf.slice(image, begin, size), (image_size, image_size), antialias=True)
-    return _normalize(tf.image.random_flip_left_right(image))
+    return _normalize(tf.image.stateless_random_flip_left_right(image, seed=flip_seed))
 
 
 def eval_transform(image: tf.Tensor, image_size: int) -> tf.Tensor:
@@ -234,14 +246,20 @@ def dataset(split, image_size: int, global_batch: int, training: bool, seed: int
     """A ``tf.data`` pipeline over a :class:`common.chestxray.Split`, batched by the global batch.
 
     PNGs are decoded and augmented in parallel (AUTOTUNE picks the threads) and the next batches are
-    prefetched while the devices compute. Training drops the last partial batch so every step has the
-    global batch; evaluation keeps it, so every image is scored exactly once.
+    prefetched while the devices compute; the order and the augmentation depend on ``seed`` only. Training
+    drops the last partial batch so every step has the global batch; evaluation keeps it, so every image
+    is scored exactly once.
     """
     data = tf.data.Dataset.from_tensor_slices((list(split.paths), split.labels.astype(np.float32)))
     if training:
         data = data.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)
-    transform = train_transform if training else eval_transform
-    data = data.map(lambda path, label: (transform(_decode(path), image_size), label), tf.data.AUTOTUNE)
+        # one augmentation seed per image, new each epoch, the same for the same SEED
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+        data = tf.data.Dataset.zip(data, seeds).map(
+            lambda item, pair: (train_transform(_decode(item[0]), image_size, pair), item[1]), tf.data.AUTOTUNE
+        )
+    else:
+        data = data.map(lambda path, label: (eval_transform(_decode(path), image_size), label), tf.data.AUTOTUNE)
     options = tf.data.Options()
     # Several workers (multi_worker) each take every n-th global batch, rather than every n-th file.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA

@@ -47,6 +47,27 @@ def test_datasets_give_normalized_three_channel_images_and_score_every_image_onc
     np.testing.assert_array_equal(first.numpy(), again.numpy())  # evaluation is deterministic
 
 
+def test_learning_rate_decays_along_a_cosine_to_zero():
+    optimizer = tfu.make_optimizer(1e-3, steps=10)
+    rates = []
+    for step in (0, 5, 10):
+        optimizer.iterations.assign(step)
+        rates.append(float(optimizer.learning_rate))
+    np.testing.assert_allclose(rates, [1e-3, 5e-4, 0.0], atol=1e-9)
+
+
+def test_training_augmentation_depends_on_the_seed_only_and_changes_every_epoch(splits):
+    def first_batch(data):
+        return next(iter(data))[0].numpy()
+
+    data = tfu.dataset(splits["train"], 24, global_batch=8, training=True, seed=3)
+    again = tfu.dataset(splits["train"], 24, global_batch=8, training=True, seed=3)
+    np.testing.assert_array_equal(first_batch(data), first_batch(again))
+    assert not np.array_equal(first_batch(data), first_batch(data))  # the next epoch: a new shuffle and new crops
+    other = tfu.dataset(splits["train"], 24, global_batch=8, training=True, seed=4)
+    assert not np.array_equal(first_batch(again), first_batch(other))
+
+
 def test_replica_loss_is_the_mean_over_the_global_batch():
     labels = tf.constant([[1.0] * 14, [0.0] * 14])
     logits = tf.zeros((2, 14))
@@ -88,8 +109,8 @@ def test_mixed_precision_is_bf16_on_cpu_with_a_float32_head():
         model = tfu.build_densenet121(32)
         assert model.get_layer("conv1_conv").compute_dtype == "bfloat16"
         assert model(np.zeros((1, 32, 32, 3), np.float32)).dtype == "float32"
-        assert not isinstance(tfu.make_optimizer(1e-3, "mixed_bfloat16"), keras.optimizers.LossScaleOptimizer)
-        assert isinstance(tfu.make_optimizer(1e-3, "mixed_float16"), keras.optimizers.LossScaleOptimizer)
+        assert not isinstance(tfu.make_optimizer(1e-3, 10, "mixed_bfloat16"), keras.optimizers.LossScaleOptimizer)
+        assert isinstance(tfu.make_optimizer(1e-3, 10, "mixed_float16"), keras.optimizers.LossScaleOptimizer)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert tfu.set_precision("fp32", "cpu") == "float32"
