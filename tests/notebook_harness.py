@@ -101,3 +101,56 @@ def run_nbval(name: str, data_dir, tmp_path: Path, **parameters) -> None:
     out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(list((tmp_path / "results").glob("*.json"))) == 2
+
+
+# Bad input every notebook refuses before training, with the message it must name.
+BAD_INPUT = {
+    "too-many-devices": ({"DEVICES": 64}, "DEVICES=64 but"),
+    "missing-data": ({"DATA_DIR": "/nonexistent/chestxray"}, "does not exist"),
+    "zero-batch": ({"BATCH_SIZE_PER_DEVICE": 0}, "BATCH_SIZE_PER_DEVICE must be a positive integer"),
+    "bad-precision": ({"PRECISION": "fp8"}, "PRECISION must be"),
+}
+
+
+class NotebookContract:
+    """What every training notebook must do, run on 1 and 2 simulated CPU devices.
+
+    A test module subclasses it as ``class Test...(NotebookContract)`` and names the notebook, its
+    framework and the tiny parameters it trains with; it may add tests of its own.
+    """
+
+    NOTEBOOK: str
+    FRAMEWORK: str
+    TINY = dict(EPOCHS=3, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
+    NBVAL_PARAMETERS: dict = {}
+
+    @pytest.fixture(scope="class")
+    def runs(self, notebook_data, tmp_path_factory):
+        return records_by_devices(self.NOTEBOOK, notebook_data, tmp_path_factory.mktemp("runs"), **self.TINY)
+
+    @pytest.mark.parametrize("devices", [1, 2])
+    def test_records_are_complete(self, runs, devices):
+        assert set(runs[devices]) == {"generated", results.IN_RAM}
+        check_training_record(
+            runs[devices]["generated"],
+            framework=self.FRAMEWORK,
+            notebook=self.NOTEBOOK,
+            devices=devices,
+            parameters=self.TINY,
+        )
+        assert runs[devices][results.IN_RAM]["images_per_second"] > 0
+
+    @pytest.mark.parametrize("devices", [1, 2])
+    def test_learns_above_the_bar(self, runs, devices):
+        assert runs[devices]["generated"]["test_auc"] > AUC_BAR
+
+    def test_one_and_two_devices_reach_the_same_auc(self, runs):
+        auc1, auc2 = (runs[d]["generated"]["test_auc"] for d in (1, 2))
+        assert abs(auc1 - auc2) < AUC_GAP, f"1 device: {auc1:.3f}, 2 devices: {auc2:.3f}"
+
+    @pytest.mark.parametrize(("parameters", "message"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
+    def test_bad_input_stops_before_training(self, notebook_data, tmp_path, parameters, message):
+        assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, parameters, message)
+
+    def test_nbval(self, notebook_data, tmp_path):
+        run_nbval(self.NOTEBOOK, notebook_data, tmp_path, **self.NBVAL_PARAMETERS)
