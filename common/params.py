@@ -46,7 +46,9 @@ MIN_IMAGE_SIZE = 32
 # lag behind the weights, and evaluation with them varies from run to run far more than the model does.
 BATCH_NORM_BATCHES = 16
 
-# Adam at this rate per device; the global rate grows linearly with devices.
+# Adam at this rate per device; the global rate grows linearly with devices. In every notebook it is the
+# peak of a cosine decay to 0 over the run: a short run at a high rate that ends at that rate ends wherever
+# its last noisy steps left it, and 1 and 2 devices would then differ by chance.
 BASE_LEARNING_RATE = 1e-4
 
 
