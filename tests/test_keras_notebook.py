@@ -1,0 +1,23 @@
+"""The Keras model.fit notebook, executed headless with papermill on 1 and 2 simulated CPU devices."""
+
+from notebook_harness import NotebookContract, assert_stops_before_training
+
+# keras.metrics.AUC approximates the ROC curve with 200 thresholds; the exact AUC must agree with it this closely.
+KERAS_AUC_TOLERANCE = 0.01
+
+
+class TestKerasNotebook(NotebookContract):
+    NOTEBOOK = "Keras_TF_MultiGPU"
+    FRAMEWORK = "keras"
+    # nbval on one device: the two-device graph takes minutes to trace on a CPU, and the runs above cover it
+    NBVAL_PARAMETERS = dict(DEVICES=1)
+
+    def test_keras_auc_agrees_with_the_exact_auc(self, runs):
+        for devices in (1, 2):
+            record = runs[devices]["generated"]
+            assert abs(record["keras_test_auc"] - record["test_auc"]) < KERAS_AUC_TOLERANCE, devices
+
+    def test_multi_worker_is_refused_with_the_upstream_issue(self, notebook_data, tmp_path):
+        """model.fit under MultiWorkerMirroredStrategy fails in Keras 3 today: the notebook says so up front."""
+        parameters = {"STRATEGY": "multi_worker"}
+        assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, parameters, "keras-team/keras#20585")
