@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime as dt
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import papermill  # imported late: `--help` and argument errors stay instant
+
+    # The kernels inherit this: TensorFlow's C++ start-up notices would bury the progress lines below.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     hardware = devices.resolve(None)
     counts = args.devices or device_counts(hardware)
