@@ -64,10 +64,10 @@ def configure_devices(hardware: common_devices.Devices, strategy: str = "mirrore
             for gpu in gpus:
                 tf.config.experimental.set_memory_growth(gpu, True)
             return [f"/gpu:{i}" for i in range(len(gpus))]
+        # The same SEED gives the same run on a CPU, as in the PyTorch notebook; GPUs keep their fastest kernels.
+        tf.config.experimental.enable_op_determinism()
         # Replicas share one intra-op pool of the process's cores, and the inter-op pool lets them
         # run at once: each replica's ops get a device's share of the cores.
-        # the same SEED gives the same run on a CPU, as in the PyTorch notebooks; GPUs keep their fastest kernels
-        tf.config.experimental.enable_op_determinism()
         tf.config.threading.set_intra_op_parallelism_threads(common_devices.threads_per_device(hardware.count))
         tf.config.threading.set_inter_op_parallelism_threads(hardware.count)
         cpu = tf.config.list_physical_devices("CPU")[0]
