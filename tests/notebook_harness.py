@@ -125,8 +125,9 @@ class NotebookContract:
     NBVAL_PARAMETERS: dict = {}
 
     @pytest.fixture(scope="class")
-    def runs(self, notebook_data, tmp_path_factory):
-        return records_by_devices(self.NOTEBOOK, notebook_data, tmp_path_factory.mktemp("runs"), **self.TINY)
+    @classmethod
+    def runs(cls, notebook_data, tmp_path_factory):
+        return records_by_devices(cls.NOTEBOOK, notebook_data, tmp_path_factory.mktemp("runs"), **cls.TINY)
 
     @pytest.mark.parametrize("devices", [1, 2])
     def test_records_are_complete(self, runs, devices):
