@@ -2,14 +2,14 @@
 
 from notebook_harness import NotebookContract, assert_stops_before_training
 
-# keras.metrics.AUC approximates the ROC curve with 200 thresholds; the exact AUC must agree with it this closely.
+# keras.metrics.AUC approximates the ROC curve with 1000 thresholds; the exact AUC must agree with it this closely.
 KERAS_AUC_TOLERANCE = 0.01
 
 
 class TestKerasNotebook(NotebookContract):
     NOTEBOOK = "Keras_TF_MultiGPU"
     FRAMEWORK = "keras"
-    # nbval on one device: the two-device graph takes minutes to trace on a CPU, and the runs above cover it
+    # nbval on one device: tracing the two-replica graph takes most of a minute on a CPU; the runs above cover it
     NBVAL_PARAMETERS = dict(DEVICES=1)
 
     def test_keras_auc_agrees_with_the_exact_auc(self, runs):
