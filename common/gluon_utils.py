@@ -1,0 +1,249 @@
+"""MXNet Gluon helpers for the Gluon notebook: contexts, the model, the input pipeline, evaluation.
+
+Import this module after :func:`common.mxnet_import.load` has imported MXNet with the thread count
+that the notebook chose (importing this module first imports MXNet with its defaults).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from common import devices
+from common.errors import InputError
+from common.mxnet_import import load
+from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+
+mx = load()
+from mxnet import autograd, gluon  # noqa: E402 (MXNet is imported through the helper above)
+from mxnet.contrib import amp  # noqa: E402
+from mxnet.gluon.model_zoo import vision  # noqa: E402
+
+KVSTORES = ("local", "device", "nccl")
+_MEAN = np.array(IMAGENET_MEAN, np.float32)[:, None, None]
+_STD = np.array(IMAGENET_STD, np.float32)[:, None, None]
+
+
+def contexts(hardware: devices.Devices) -> list:
+    """``[mx.gpu(0), ...]`` on a GPU box, ``[mx.cpu(0), ...]`` for simulated devices."""
+    make = mx.gpu if hardware.kind == "gpu" else mx.cpu
+    return [make(i) for i in range(hardware.count)]
+
+
+def check_kvstore(kvstore: str | None, device_kind: str) -> str:
+    """``None`` picks ``device`` on GPUs (gradients summed on the GPUs) and ``local`` on CPUs."""
+    if kvstore is None:
+        return "device" if device_kind == "gpu" else "local"
+    if kvstore not in KVSTORES:
+        raise InputError(f"KVSTORE must be one of {', '.join(KVSTORES)} or None, not {kvstore!r}.")
+    if kvstore == "nccl" and device_kind != "gpu":
+        raise InputError("KVSTORE='nccl' needs GPUs: use 'local' or None on a CPU.")
+    return kvstore
+
+
+def set_precision(precision: str, device_kind: str) -> str:
+    """The compute dtype for ``PRECISION``; "mixed" turns on MXNet's AMP, which must precede building the model.
+
+    fp16 on GPUs (MXNet 1.x has no bf16 on GPUs; fp16 needs loss scaling, see :func:`backward`),
+    bf16 on CPUs (oneDNN kernels), as the PyTorch and TensorFlow notebooks do.
+    """
+    if precision == "fp32":
+        return "float32"
+    dtype = "float16" if device_kind == "gpu" else "bfloat16"
+    amp.init(target_dtype=dtype)
+    return dtype
+
+
+def build_densenet121(ctx: list, pretrained: bool = False, classes: int = NUM_CLASSES) -> gluon.HybridBlock:
+    """The model zoo's DenseNet-121 with a ``classes``-way output (6,968,206 parameters for 14), on ``ctx``.
+
+    The zoo's model ends in a 7x7 average pool sized for 224-pixel images; a global average pool
+    takes its place, so that any size from 32 pixels up works (at 224 the two are the same). New
+    weights start as in torchvision: Kaiming-normal convolutions, a uniform classifier.
+    """
+    net = vision.densenet121(pretrained=pretrained)
+    features = gluon.nn.HybridSequential(prefix=net.features.prefix)
+    for layer in net.features:
+        features.add(gluon.nn.GlobalAvgPool2D() if isinstance(layer, gluon.nn.AvgPool2D) else layer)
+    net.features = features
+    net.output = gluon.nn.Dense(classes, in_units=1024, prefix=net.output.prefix)
+    if pretrained:
+        net.features.collect_params().reset_ctx(ctx)
+    else:
+        net.features.initialize(mx.init.MSRAPrelu(factor_type="in", slope=0.0), ctx=ctx)
+    net.output.initialize(mx.init.Uniform(1 / math.sqrt(1024)), ctx=ctx)
+    net(mx.nd.zeros((1, 3, 32, 32), ctx=ctx[0]))  # the zoo defers the input channels: one pass settles the shapes
+    return net
+
+
+def trainable_parameters(net: gluon.Block) -> int:
+    """Parameters that receive gradients (BatchNorm running statistics do not)."""
+    return sum(int(np.prod(p.shape)) for p in net.collect_params().values() if p.grad_req != "null")
+
+
+def backward(losses: list, trainer: gluon.Trainer, dtype: str) -> None:
+    """Back-propagate every device's loss at once; under fp16, through AMP's dynamic loss scaling."""
+    if dtype == "float16":
+        with amp.scale_loss(losses, trainer) as scaled:
+            autograd.backward(scaled)
+    else:
+        autograd.backward(losses)
+
+
+def _batch_norms(block: gluon.Block):
+    for child in block._children.values():
+        if isinstance(child, gluon.nn.BatchNorm):
+            yield child
+        yield from _batch_norms(child)
+
+
+def share_batch_norm_statistics(net: gluon.Block, ctx: list) -> None:
+    """Give every device the first device's BatchNorm running statistics, as PyTorch's DDP does.
+
+    Each context keeps its own copy of the running mean and variance, updated from its own share
+    of the batch; the trainer synchronizes only the trained weights. Without this an image's score
+    would depend on the device that scores it.
+    """
+    for param in net.collect_params(".*running_mean|.*running_var").values():
+        param.set_data(param.data(ctx[0]))
+
+
+def recompute_batch_norm_statistics(net: gluon.HybridBlock, data, batches: int, ctx: list) -> None:
+    """ "Precise BN": the mean statistics of ``batches`` training batches replace the running averages.
+
+    As ``torch.optim.swa_utils.update_bn`` under DDP: the first device computes them from its share of
+    each batch, then every device gets a copy. The momentum is baked into a hybridized graph, so this
+    runs imperatively and hybridizes the network again afterwards.
+    """
+    norms = list(_batch_norms(net))
+    momentum = [norm._kwargs["momentum"] for norm in norms]
+    net.hybridize(active=False)
+    try:
+        for seen, (images, _) in zip(range(batches), data):
+            for norm in norms:
+                norm._kwargs["momentum"] = seen / (seen + 1)  # the first batch replaces, later ones average in
+            with autograd.record():
+                output = net(gluon.utils.split_and_load(images, ctx, even_split=False)[0])
+            output.backward()  # MXNet updates the running statistics in the backward pass; no step follows
+    finally:
+        for norm, value in zip(norms, momentum):
+            norm._kwargs["momentum"] = value
+        net.hybridize(static_alloc=True)
+    share_batch_norm_statistics(net, ctx)
+
+
+def predict_all(net: gluon.Block, data, ctx: list) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and sigmoid scores of every image of ``data``, each batch split over all devices, in order."""
+    labels, scores = [], []
+    for images, targets in data:
+        used = ctx[: len(images)]  # a last batch smaller than the device count leaves some idle
+        parts = gluon.utils.split_and_load(images, used, even_split=False)
+        scores.append(mx.nd.concat(*[net(x).astype("float32").sigmoid().as_in_context(mx.cpu()) for x in parts], dim=0))
+        labels.append(targets)
+    return mx.nd.concat(*labels, dim=0).asnumpy(), mx.nd.concat(*scores, dim=0).asnumpy()
+
+
+def time_steps(train_step, batch_size: int, image_size: int, steps: int) -> float:
+    """Images per second of ``steps`` calls of ``train_step(images, labels)`` on one fixed random batch.
+
+    Two warm-up steps are not timed (graph building, memory allocation).
+    """
+    images = mx.nd.random.normal(shape=(batch_size, 3, image_size, image_size))
+    labels = mx.nd.random.randint(0, 2, shape=(batch_size, NUM_CLASSES)).astype("float32")
+    for step in range(steps + 2):
+        if step == 2:
+            mx.nd.waitall()
+            start = time.perf_counter()
+        train_step(images, labels)
+    mx.nd.waitall()
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def loader_workers(hardware: devices.Devices) -> int:
+    """Decode processes: one beside simulated CPU devices, which already share the cores; more for GPUs."""
+    if hardware.kind == "cpu":
+        return 1
+    return max(1, min(4 * hardware.count, devices.cpu_cores() - 1))
+
+
+def random_crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop box: area share in ``CROP_SCALE``, aspect ratio 3/4 to 4/3."""
+    for _ in range(10):
+        area = width * height * rng.uniform(*CROP_SCALE)
+        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            left, top = rng.integers(0, width - w + 1), rng.integers(0, height - h + 1)
+            return int(left), int(top), int(left + w), int(top + h)
+    return 0, 0, width, height  # the whole image, as torchvision does for in-range aspect ratios
+
+
+def _normalized(image: Image.Image) -> np.ndarray:
+    """A grayscale image as 3 equal channels, ImageNet-normalized, channels first."""
+    return (np.asarray(image, np.float32)[None] / 255 - _MEAN) / _STD
+
+
+class ChestXrayDataset(gluon.data.Dataset):
+    """Decodes one PNG with Pillow and crops, resizes and flips it on one channel; items are (image, labels).
+
+    Training items are keyed ``epoch * len(self) + index`` by :class:`EpochBatchSampler`: the augmentation
+    is drawn from ``(seed, epoch, index)``, so the same ``SEED`` gives the same images whichever decode
+    process handles them.
+    """
+
+    def __init__(self, split, image_size: int, training: bool, seed: int = 0):
+        self.paths, self.labels = list(split.paths), split.labels.astype(np.float32)
+        self.image_size, self.training, self.seed = image_size, training, seed
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, key: int):
+        epoch, index = divmod(int(key), len(self))
+        try:
+            with Image.open(self.paths[index]) as file:
+                image = file.convert("L")
+        except (OSError, ValueError) as error:
+            raise InputError(f"Cannot read image {self.paths[index]} ({error}): replace or remove the file.") from None
+        size = (self.image_size, self.image_size)
+        if self.training:
+            rng = np.random.default_rng([self.seed, epoch, index])
+            image = image.resize(size, Image.BILINEAR, box=random_crop_box(*image.size, rng))
+            if rng.random() < 0.5:
+                image = ImageOps.mirror(image)
+        else:  # the short side resized to the image size, then the center crop
+            image = ImageOps.fit(image, size, Image.BILINEAR)
+        return _normalized(image), self.labels[index]
+
+
+class EpochBatchSampler:
+    """Shuffled batches of dataset keys, a new order each epoch; the keys carry the epoch (see the dataset)."""
+
+    def __init__(self, length: int, batch_size: int, seed: int = 0):
+        self.length, self.batch_size, self.seed, self.epoch = length, batch_size, seed, 0
+
+    def __len__(self) -> int:
+        return self.length // self.batch_size  # the last partial batch is dropped: every step has the global batch
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.length) + self.epoch * self.length
+        self.epoch += 1
+        for step in range(len(self)):
+            yield order[step * self.batch_size : (step + 1) * self.batch_size].tolist()
+
+
+def loader(split, image_size: int, batch_size: int, training: bool, workers: int, seed: int = 0):
+    """A Gluon ``DataLoader`` over a :class:`common.chestxray.Split` that decodes in ``workers`` processes.
+
+    Training batches have the global batch (the training step splits them over the devices);
+    evaluation keeps every image exactly once, in order.
+    """
+    data = ChestXrayDataset(split, image_size, training, seed)
+    if training:
+        batching = dict(batch_sampler=EpochBatchSampler(len(data), batch_size, seed))
+    else:
+        batching = dict(batch_size=batch_size, shuffle=False, last_batch="keep")
+    return gluon.data.DataLoader(data, num_workers=workers, thread_pool=False, **batching)

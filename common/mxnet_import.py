@@ -1,0 +1,35 @@
+"""Import MXNet 1.9.1 (a retired framework) in this project's environment: the one place that patches numpy for it.
+
+MXNet 1.9.1 still uses ``numpy.bool``, an alias that numpy 1.24 removed; it meant the builtin ``bool``.
+Its engine also reads its thread count once, when it is imported, so the count is passed here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import numpy
+
+
+def load(threads: int | None = None):
+    """Import and return ``mxnet``; ``threads`` sets its OpenMP threads if MXNet is not imported yet.
+
+    MXNet defaults to half of the cores (it assumes hyper-threading); simulated CPU devices pass their
+    share instead. A second call returns the module already imported and cannot change the count.
+    """
+    if "mxnet" in sys.modules:
+        if threads and os.environ.get("OMP_NUM_THREADS") != str(threads):
+            warnings.warn(
+                f"MXNet was imported with OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; it keeps those "
+                f"threads until the kernel restarts (asked for {threads}).",
+                stacklevel=2,
+            )
+        return sys.modules["mxnet"]
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    numpy.bool = bool
+    import mxnet
+
+    return mxnet

@@ -1,0 +1,14 @@
+"""The MXNet Gluon notebook, executed headless with papermill on 1 and 2 simulated CPU devices."""
+
+from notebook_harness import NotebookContract, assert_stops_before_training
+
+
+class TestGluonNotebook(NotebookContract):
+    NOTEBOOK = "Gluon_MultiGPU"
+    FRAMEWORK = "mxnet"
+
+    def test_records_name_the_kvstore(self, runs):
+        assert {runs[d]["generated"]["kvstore"] for d in (1, 2)} == {"local"}
+
+    def test_unknown_kvstore_is_refused(self, notebook_data, tmp_path):
+        assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, {"KVSTORE": "dist"}, "KVSTORE must be")
