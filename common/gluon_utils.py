@@ -29,8 +29,14 @@ _STD = np.array(IMAGENET_STD, np.float32)[:, None, None]
 
 def contexts(hardware: devices.Devices) -> list:
     """``[mx.gpu(0), ...]`` on a GPU box, ``[mx.cpu(0), ...]`` for simulated devices."""
-    make = mx.gpu if hardware.kind == "gpu" else mx.cpu
-    return [make(i) for i in range(hardware.count)]
+    if hardware.kind == "cpu":
+        return [mx.cpu(i) for i in range(hardware.count)]
+    if mx.context.num_gpus() < hardware.count:
+        raise InputError(
+            f"This MXNet build sees {mx.context.num_gpus()} GPU(s), {hardware.count} requested: the CPU-only "
+            f"package `mxnet` is installed. `make setup GPU=1` installs the CUDA build (mxnet-cu112)."
+        )
+    return [mx.gpu(i) for i in range(hardware.count)]
 
 
 def check_kvstore(kvstore: str | None, device_kind: str) -> str:

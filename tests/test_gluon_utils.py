@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from common import chestxray, mxnet_import
+from common import chestxray, devices, mxnet_import
 from common.errors import InputError
 from common.params import CROP_SCALE, NUM_CLASSES
 
@@ -157,6 +157,13 @@ def test_crop_box_keeps_the_area_share_and_the_image():
         area = (right - left) * (bottom - top) / 100**2
         assert CROP_SCALE[0] - 0.03 <= area <= CROP_SCALE[1], area  # rounding to whole pixels
         assert 3 / 4 - 0.05 <= (right - left) / (bottom - top) <= 4 / 3 + 0.05
+
+
+def test_gpu_contexts_need_the_cuda_build():
+    gpus = devices.resolve(None, gpus=["NVIDIA H200"])
+    with pytest.raises(InputError, match="make setup GPU=1"):
+        gu.contexts(gpus)
+    assert gu.contexts(devices.resolve(2, gpus=[])) == CPUS
 
 
 def test_kvstore_choice():
