@@ -1,0 +1,228 @@
+"""The Chainer notebook's helpers: the import fix, DenseNet-121 parity, ChainerMN data parallelism, input pipeline."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common import chainer_utils as cu
+from common import chestxray, launch
+from common.chainer_import import chainer, chainermn
+from common.errors import InputError
+from common.params import IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+
+HERE = Path(__file__).parent
+# float32 sums of 4 vs 8 images in a different order: the weights of 1 and 2 ranks agree to about 1e-7
+TOLERANCE = 1e-6
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_import_helper_makes_chainer_importable_without_warnings():
+    assert chainer.__version__ == "7.8.1" and chainermn.create_communicator
+    # a fresh interpreter, warnings as errors: the pkg_resources and distutils warnings are silenced, nothing else
+    out = run_python("import warnings; warnings.simplefilter('error'); from common.chainer_import import chainer")
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_import_helper_refuses_when_setuptools_distutils_came_first():
+    out = run_python("import setuptools, distutils; import common.chainer_import")
+    assert out.returncode != 0
+    assert "setuptools' copy of distutils" in out.stderr and "before Chainer" in out.stderr
+
+
+def test_densenet_has_the_shared_parameter_count_and_takes_small_images():
+    model = cu.build_densenet121(seed=0)
+    assert cu.trainable_parameters(model) == 6_968_206
+    with chainer.using_config("train", False), chainer.no_backprop_mode():
+        for size in (32, 64):
+            assert model(np.zeros((2, 3, size, size), np.float32)).shape == (2, NUM_CLASSES)
+
+
+def test_densenet_computes_what_torchvision_computes():
+    """The same weights give the same outputs as torchvision's densenet121, in training and in evaluation mode."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    reference = torchvision.models.densenet121(weights=None, num_classes=NUM_CLASSES)
+    model = cu.build_densenet121(seed=0)
+    layers = [m for m in reference.features if isinstance(m, torch.nn.Module)][4:-1]  # after pool0, before norm5
+    flat = [
+        layer for block in layers for layer in (block.children() if "DenseBlock" in type(block).__name__ else [block])
+    ]
+    pairs = [(model.conv0, reference.features.conv0), (model.norm0, reference.features.norm0)]
+    for ours, theirs in zip(model.features, flat, strict=True):
+        names = ("norm1", "conv1", "norm2", "conv2") if isinstance(ours, cu.DenseLayer) else ("norm", "conv")
+        pairs += [(getattr(ours, name), getattr(theirs, name)) for name in names]
+    pairs += [(model.norm5, reference.features.norm5), (model.classifier, reference.classifier)]
+    rng = np.random.default_rng(0)
+    for ours, theirs in pairs:
+        if isinstance(theirs, torch.nn.BatchNorm2d):  # non-trivial statistics and affine parameters
+            for name in ("weight", "bias", "running_mean"):
+                getattr(theirs, name).data = torch.tensor(rng.normal(0, 0.2, theirs.num_features), dtype=torch.float32)
+            theirs.running_var.data = torch.tensor(rng.uniform(0.5, 1.5, theirs.num_features), dtype=torch.float32)
+            ours.gamma.array[...], ours.beta.array[...] = theirs.weight.detach().numpy(), theirs.bias.detach().numpy()
+            ours.avg_mean[...], ours.avg_var[...] = theirs.running_mean.numpy(), theirs.running_var.numpy()
+        else:
+            ours.W.array[...] = theirs.weight.detach().numpy()
+            if theirs.bias is not None:
+                ours.b.array[...] = theirs.bias.detach().numpy()
+    images = rng.standard_normal((4, 3, 64, 64)).astype(np.float32)
+    for train in (False, True):
+        reference.train(train)
+        with chainer.using_config("train", train), chainer.no_backprop_mode():
+            ours = model(images).array
+        theirs = reference(torch.from_numpy(images)).detach().numpy()
+        np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-4, err_msg=f"train={train}")
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    """Every variant of the step in ``chainer_replicas.py``, on 1 and on 2 MPI ranks: ``{ranks: npz}``."""
+    out = tmp_path_factory.mktemp("replicas")
+    found = {}
+    for ranks in (1, 2):
+        command = cu.mpiexec_command(HERE / "chainer_replicas.py", ranks, out / f"{ranks}.npz")
+        launch.run(command, env={**cu.launch_env(ranks), "PYTHONPATH": str(HERE.parent)}, cwd=HERE)
+        found[ranks] = dict(np.load(out / f"{ranks}.npz"))
+    return found
+
+
+def weights(found: dict, variant: str, rank: int) -> dict[str, np.ndarray]:
+    prefix = f"{variant}/{rank}/"
+    return {key[len(prefix) :]: value for key, value in found.items() if key.startswith(prefix)}
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float(np.abs(a[name] - b[name]).max()) for name in a)
+
+
+@pytest.mark.parametrize("variant", ["sgd", "adam"])
+def test_two_ranks_take_the_same_step_as_one_process(replicas, variant):
+    """One step on 2 ranks (4 images each) equals one step on 1 rank with the same 8 images; no batch norm."""
+    single = weights(replicas[1], variant, 0)
+    for rank in (0, 1):
+        assert max_difference(weights(replicas[2], variant, rank), single) < TOLERANCE
+    # the step is far larger than the tolerance (SGD 0.5: ~0.017; Adam 0.01: ~0.01), so equality is not trivial
+    assert max_difference(single, weights(replicas[1], "initial", 0)) > 1e-3
+
+
+def test_a_wrong_loss_normalization_would_be_caught(replicas):
+    """Dividing each rank's loss by the global batch (right only where gradients are summed) halves the SGD step."""
+    single = weights(replicas[1], "sgd", 0)
+    wrong = weights(replicas[2], "sgd_divided_by_global_batch", 0)
+    step = max_difference(single, weights(replicas[1], "initial", 0))
+    assert max_difference(wrong, single) > 0.25 * step > 1000 * TOLERANCE
+
+
+def test_batch_norm_statistics_stay_per_rank_until_shared(replicas):
+    """The known exception, shown: each rank's running mean follows its own images; averaging makes them agree."""
+    two = replicas[2]
+    own = [two[f"bn_own/{rank}/avg_mean"] for rank in (0, 1)]
+    assert not np.allclose(own[0], own[1], atol=1e-4)
+    shared = [two[f"bn_shared/{rank}/avg_mean"] for rank in (0, 1)]
+    np.testing.assert_allclose(shared[0], shared[1], rtol=0, atol=0)
+    np.testing.assert_allclose(shared[0], (own[0] + own[1]) / 2, atol=1e-7)
+    # gradients are averaged, so the trained weights agree across ranks (but not with one process: batch statistics)
+    assert max_difference(weights(two, "bn_trained", 0), weights(two, "bn_trained", 1)) == 0
+    assert max_difference(weights(two, "bn_trained", 0), weights(replicas[1], "bn_trained", 0)) > 10 * TOLERANCE
+
+
+def test_precise_batch_norm_is_the_plain_mean_of_all_ranks_batches(replicas):
+    import chainer_replicas
+
+    for ranks in (1, 2):
+        model = chainer_replicas.Small(batch_norm=True)
+        for name, param in model.namedparams():
+            param.array[...] = replicas[ranks][f"bn_trained/0/{name}"]
+        features = model.conv(chainer_replicas.make_batch()[0]).array  # the 8 images, all ranks together
+        recomputed = [replicas[ranks][f"bn_recomputed/{rank}/avg_mean"] for rank in range(ranks)]
+        for mean in recomputed:
+            np.testing.assert_allclose(mean, features.mean(axis=(0, 2, 3)), atol=1e-6)
+        assert int(replicas[ranks]["bn_recomputed/0/batches"]) == 2
+
+
+def test_a_failing_rank_fails_the_launch():
+    """Rank 1 raises while rank 0 waits in an all-reduce: ChainerMN's except hook aborts both, the launch fails."""
+    command = cu.mpiexec_command(HERE / "chainer_replicas.py", 2, "fail")
+    env = {**cu.launch_env(2), "PYTHONPATH": str(HERE.parent), "MPIEXEC_TIMEOUT": "120"}  # a hang fails, not blocks
+    start = time.perf_counter()
+    with pytest.raises(launch.LaunchError, match="exited with code"):
+        launch.run(command, env=env, cwd=HERE)
+    assert time.perf_counter() - start < 60, "the waiting rank was not stopped by the failing one"
+
+
+@pytest.fixture(scope="module")
+def train_split(standin):
+    return chestxray.load(standin, seed=0)["train"]
+
+
+@pytest.fixture(scope="module")
+def images(train_split):
+    return cu.ChestXrayImages(train_split, np.arange(len(train_split))[::-1], image_size=32, seed=7)
+
+
+def test_augmentation_is_a_function_of_seed_epoch_and_image(images, train_split):
+    first = [images.load(index, epoch=0)[0] for index in range(6)]
+    again = [images.load(index, epoch=0)[0] for index in range(6)]
+    later = [images.load(index, epoch=1)[0] for index in range(6)]
+    other = cu.ChestXrayImages(train_split, images.indices, image_size=32, seed=8)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, later))
+    assert not all(np.array_equal(a, other.load(i, epoch=0)[0]) for i, a in enumerate(first))
+    image, labels, index = images[0]  # evaluation: no randomness; items name their image
+    assert image.shape == (3, 32, 32) and image.dtype == np.float32 and labels.dtype == np.int32
+    assert int(index) == images.indices[0] and np.array_equal(image, images[0][0])
+    pixels = image * np.array(IMAGENET_STD)[:, None, None] + np.array(IMAGENET_MEAN)[:, None, None]
+    np.testing.assert_allclose(pixels[0], pixels[1], atol=1e-6)  # a grayscale X-ray as three equal channels
+
+
+@pytest.mark.filterwarnings("ignore:setDaemon:DeprecationWarning")  # inside Chainer 7.8.1
+def test_training_epochs_shuffle_each_epoch_and_decode_the_same_in_worker_processes(images):
+    epochs = cu.TrainingEpochs(images, batch_size=4, epochs=2, seed=3)
+    per_epoch = epochs.steps_per_epoch * 4
+    assert len(epochs) == 2 * per_epoch and per_epoch <= len(images) < per_epoch + 4
+    numbers = [int(epochs[k][2]) for k in range(len(epochs))]
+    assert sorted(numbers[:per_epoch]) == sorted(set(numbers[:per_epoch]))  # no image twice in one epoch
+    assert numbers[:per_epoch] != numbers[per_epoch:]  # a new order each epoch
+    with cu.iterator(epochs, 4, workers=2) as batches:
+        parallel = [item for batch in batches for item in batch]
+    assert [int(item[2]) for item in parallel] == numbers
+    assert all(np.array_equal(item[0], epochs[k][0]) for k, item in enumerate(parallel))
+    with pytest.raises(InputError, match="fewer than one batch"):
+        cu.TrainingEpochs(images, batch_size=len(images) + 1, epochs=1)
+
+
+def test_cpu_runs_fp32_and_the_naive_communicator():
+    assert cu.precision_used("mixed", "cpu") == "fp32" and cu.precision_used("mixed", "gpu") == "mixed16"
+    assert cu.precision_used("fp32", "gpu") == "fp32"
+    assert cu.communicator_name("cpu") == "naive" and cu.communicator_name("gpu") == "pure_nccl"
+    env = cu.launch_env(2)
+    assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == str(cu.threads_per_device(2))
+    assert Path(cu.mpiexec_command("train.py", 2, "config.json")[0]).name == "mpiexec"
+
+
+def test_gpu_check_names_what_fails_and_falls_back_to_cpu(monkeypatch):
+    check = cu.check_gpu(1)  # no usable GPU in these tests: the reason is named, nothing raises
+    if not chainer.backends.cuda.available:
+        assert not check.ok and "CuPy" in check.message
+    gpu_box = cu.devices.Devices("gpu", 2, 2, ("GPU A", "GPU B"))
+    monkeypatch.setattr(cu.devices, "resolve", lambda requested, gpus=None: gpu_box if gpus is None else cpus)
+    cpus = cu.devices.Devices("cpu", 2, 16, ("cpu:0", "cpu:1"))
+    monkeypatch.setattr(cu, "check_gpu", lambda count: cu.GPUCheck(False, "cupy.cudnn is missing"))
+    with pytest.warns(RuntimeWarning, match="cupy.cudnn is missing. Falling back to 2 simulated CPU"):
+        assert cu.resolve_devices(2) is cpus
+    monkeypatch.setattr(cu, "check_gpu", lambda count: cu.GPUCheck(True, "fine"))
+    assert cu.resolve_devices(2) is gpu_box
+
+
+def test_pretrained_weights_are_refused_with_the_reason():
+    with pytest.raises(InputError, match="no ImageNet DenseNet-121 weights"):
+        cu.check_pretrained(True)
+    cu.check_pretrained(False)
