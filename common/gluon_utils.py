@@ -10,12 +10,11 @@ import math
 import time
 
 import numpy as np
-from PIL import Image, ImageOps
 
-from common import devices
+from common import devices, image_transforms
 from common.errors import InputError
 from common.mxnet_import import load
-from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+from common.params import NUM_CLASSES
 
 mx = load()
 from mxnet import autograd, gluon  # noqa: E402 (MXNet is imported through the helper above)
@@ -23,8 +22,6 @@ from mxnet.contrib import amp  # noqa: E402
 from mxnet.gluon.model_zoo import vision  # noqa: E402
 
 KVSTORES = ("local", "device", "nccl")
-_MEAN = np.array(IMAGENET_MEAN, np.float32)[:, None, None]
-_STD = np.array(IMAGENET_STD, np.float32)[:, None, None]
 
 
 def contexts(hardware: devices.Devices) -> list:
@@ -175,25 +172,8 @@ def loader_workers(hardware: devices.Devices) -> int:
     return max(1, min(4 * hardware.count, devices.cpu_cores() - 1))
 
 
-def random_crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """torchvision's RandomResizedCrop box: area share in ``CROP_SCALE``, aspect ratio 3/4 to 4/3."""
-    for _ in range(10):
-        area = width * height * rng.uniform(*CROP_SCALE)
-        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-        w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            left, top = rng.integers(0, width - w + 1), rng.integers(0, height - h + 1)
-            return int(left), int(top), int(left + w), int(top + h)
-    return 0, 0, width, height  # the whole image, as torchvision does for in-range aspect ratios
-
-
-def _normalized(image: Image.Image) -> np.ndarray:
-    """A grayscale image as 3 equal channels, ImageNet-normalized, channels first."""
-    return (np.asarray(image, np.float32)[None] / 255 - _MEAN) / _STD
-
-
 class ChestXrayDataset(gluon.data.Dataset):
-    """Decodes one PNG with Pillow and crops, resizes and flips it on one channel; items are (image, labels).
+    """Decodes one PNG and augments it (:mod:`common.image_transforms`); items are (image, labels).
 
     Training items are keyed ``epoch * len(self) + index`` by :class:`EpochBatchSampler`: the augmentation
     is drawn from ``(seed, epoch, index)``, so the same ``SEED`` gives the same images whichever decode
@@ -209,20 +189,8 @@ class ChestXrayDataset(gluon.data.Dataset):
 
     def __getitem__(self, key: int):
         epoch, index = divmod(int(key), len(self))
-        try:
-            with Image.open(self.paths[index]) as file:
-                image = file.convert("L")
-        except (OSError, ValueError) as error:
-            raise InputError(f"Cannot read image {self.paths[index]} ({error}): replace or remove the file.") from None
-        size = (self.image_size, self.image_size)
-        if self.training:
-            rng = np.random.default_rng([self.seed, epoch, index])
-            image = image.resize(size, Image.BILINEAR, box=random_crop_box(*image.size, rng))
-            if rng.random() < 0.5:
-                image = ImageOps.mirror(image)
-        else:  # the short side resized to the image size, then the center crop
-            image = ImageOps.fit(image, size, Image.BILINEAR)
-        return _normalized(image), self.labels[index]
+        augment = (self.seed, epoch, index) if self.training else None
+        return image_transforms.load(self.paths[index], self.image_size, augment), self.labels[index]
 
 
 class EpochBatchSampler:

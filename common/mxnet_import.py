@@ -6,6 +6,7 @@ Its engine also reads its thread count once, when it is imported, so the count i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -30,6 +31,12 @@ def load(threads: int | None = None):
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
     numpy.bool = bool
+    # MXNet imports distutils; the standard library's copy rather than setuptools' shim keeps Chainer, which needs
+    # the former (see common/chainer_import.py), importable in the same process
+    with contextlib.suppress(ImportError):
+        import _distutils_hack
+
+        _distutils_hack.remove_shim()
     import mxnet
 
     return mxnet

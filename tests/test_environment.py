@@ -54,8 +54,10 @@ def test_installed_versions_match_the_pins():
 def test_importing_common_imports_no_framework():
     code = (
         "import sys, common, common.chestxray, common.synthetic, common.devices, common.monitor, common.metrics, "
-        "common.results, common.report, common.run, common.launch, common.params, common.mxnet_import\n"
-        "print(sorted(m for m in ('torch', 'tensorflow', 'keras', 'mxnet', 'chainer') if m in sys.modules))"
+        "common.results, common.report, common.run, common.launch, common.params, common.mxnet_import, "
+        "common.image_transforms\n"
+        "frameworks = ('torch', 'tensorflow', 'keras', 'mxnet', 'chainer', 'chainermn')\n"
+        "print(sorted(m for m in frameworks if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
