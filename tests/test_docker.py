@@ -1,0 +1,54 @@
+"""The Docker images, checked without a Docker engine: what they copy exists, and they install only the pins."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+DOCKERFILES = {"cpu": ROOT / "docker" / "Dockerfile.cpu", "gpu": ROOT / "docker" / "Dockerfile.gpu"}
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [tuple(line.split(None, 1)) for line in lines]
+
+
+@pytest.mark.parametrize("kind", DOCKERFILES)
+def test_every_copied_path_exists_and_is_not_ignored(kind):
+    ignored = [line.rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines() if line[:1].isalnum()]
+    copies = [args.split() for op, args in instructions(DOCKERFILES[kind]) if op == "COPY"]
+    assert copies
+    for *sources, _ in copies:
+        for source in sources:
+            assert (ROOT / source).exists(), f"{kind} image copies {source}, which does not exist"
+            assert source.rstrip("/") not in ignored, f"{kind} image copies {source}, which .dockerignore leaves out"
+
+
+@pytest.mark.parametrize("kind", DOCKERFILES)
+def test_installs_through_make_setup_only(kind):
+    """The pins come from requirements*.txt through `make setup`: no pip install of its own in the image."""
+    runs = " ".join(args for op, args in instructions(DOCKERFILES[kind]) if op == "RUN")
+    assert "pip install" not in runs and "pip3 install" not in runs
+    assert f"make setup GPU={1 if kind == 'gpu' else 0} PYTHON=python3.11" in runs
+    copied = " ".join(args for op, args in instructions(DOCKERFILES[kind]) if op == "COPY")
+    for needed in ("requirements.txt", "requirements-build.txt", "requirements-gpu.txt", "Makefile", "pyproject.toml"):
+        assert needed in copied
+
+
+def test_gpu_image_has_cuda_and_python_3_11():
+    base = next(args for op, args in instructions(DOCKERFILES["gpu"]) if op == "FROM")
+    assert base.startswith("nvidia/cuda:") and "cudnn" in base
+    assert "python3.11" in DOCKERFILES["gpu"].read_text()
+    assert next(args for op, args in instructions(DOCKERFILES["cpu"]) if op == "FROM").startswith("python:3.11")
+
+
+def test_make_setup_gpu_installs_the_cuda_builds():
+    """What GPU=1 adds: the CUDA build of each framework whose default PyPI package is CPU-only."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-r requirements-gpu.txt" in makefile
+    gpu = (ROOT / "requirements-gpu.txt").read_text()
+    for package in ("tensorflow[and-cuda]==", "mxnet-cu112==", "cupy-cuda12x=="):
+        assert package in gpu
