@@ -1,6 +1,7 @@
-"""The Docker images, checked without a Docker engine: what they copy exists, and they install only the pins."""
+"""The Docker images and the GPU check script, checked without a Docker engine or a GPU."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,13 @@ def test_make_setup_gpu_installs_the_cuda_builds():
     gpu = (ROOT / "requirements-gpu.txt").read_text()
     for package in ("tensorflow[and-cuda]==", "mxnet-cu112==", "cupy-cuda12x=="):
         assert package in gpu
+
+
+def test_gpu_check_script_skips_with_a_message_without_a_gpu():
+    script = ROOT / "tests" / "gpu" / "check.sh"
+    if subprocess.run("nvidia-smi -L 2>/dev/null | grep -q '^GPU'", shell=True).returncode == 0:
+        pytest.skip("a GPU is present: tests/gpu/check.sh runs for real there, not in the test suite")
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "skipped, no NVIDIA GPU" in out.stdout, out.stdout + out.stderr
+    header = script.read_text().split("set -euo pipefail")[0]
+    assert "What it checks" in header and "8 minutes" in header
