@@ -22,14 +22,12 @@ from common import devices, image_transforms
 from common.chainer_import import chainer, chainermn
 from common.devices import threads_per_device
 from common.errors import InputError
-from common.params import NUM_CLASSES
+from common.params import BATCH_NORM_MOMENTUM, NUM_CLASSES
 
 F = chainer.functions
 L = chainer.links
 
-# PyTorch's BatchNorm: running = 0.9 * running + 0.1 * batch (Chainer calls the 0.9 "decay"), eps 1e-5
-BN_DECAY = 0.9
-BN_EPS = 1e-5
+BN_EPS = 1e-5  # PyTorch's
 
 
 # ---------------------------------------------------------------- devices, precision, launch
@@ -132,13 +130,6 @@ def launch_env(nproc: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
 
-def loader_workers(devices: int, device_kind: str) -> int:
-    """Decode processes per rank: one beside simulated CPU devices, which already share the cores; more for GPUs."""
-    if device_kind == "cpu":
-        return 1
-    return max(1, min(8, threads_per_device(devices) - 1))
-
-
 # ---------------------------------------------------------------- model
 
 
@@ -150,7 +141,7 @@ def _conv(in_channels: int, out_channels: int, ksize: int, stride: int = 1, pad:
 
 
 def _norm(channels: int) -> L.BatchNormalization:
-    return L.BatchNormalization(channels, decay=BN_DECAY, eps=BN_EPS)
+    return L.BatchNormalization(channels, decay=BATCH_NORM_MOMENTUM, eps=BN_EPS)
 
 
 def _bn_relu(norm: L.BatchNormalization, x):

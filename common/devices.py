@@ -91,6 +91,13 @@ def threads_per_device(count: int, cores: int | None = None) -> int:
     return max(1, (cores or cpu_cores()) // max(1, count))
 
 
+def loader_workers(devices: int, device_kind: str) -> int:
+    """Decode processes per training process: one beside simulated CPU devices, which already share the cores."""
+    if device_kind == "cpu":
+        return 1
+    return max(1, min(8, threads_per_device(devices) - 1))
+
+
 def resolve(requested: int | None = None, *, gpus: list[str] | None = None, cores: int | None = None) -> Devices:
     """Resolve the ``DEVICES`` parameter; ``None`` means all GPUs (or 2 simulated CPU devices).
 

@@ -41,6 +41,11 @@ CROP_SCALE = (0.7, 1.0)
 # DenseNet-121 downsamples by 32: smaller inputs vanish before the classifier.
 MIN_IMAGE_SIZE = 32
 
+# torchvision's BatchNorm keeps 90% of its running statistics per step (PyTorch's momentum=0.1, Keras' and
+# Gluon's momentum=0.9, Chainer's decay=0.9); Keras' DenseNet keeps 99%, which after a short run still mostly
+# remembers its initial values and evaluates badly. The same model in every framework means the same statistics.
+BATCH_NORM_MOMENTUM = 0.9
+
 # Before testing, every notebook re-estimates the BatchNorm statistics from this many training batches
 # with the final weights ("precise BN"): in a short run at a high learning rate the running averages
 # lag behind the weights, and evaluation with them varies from run to run far more than the model does.

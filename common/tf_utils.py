@@ -17,13 +17,9 @@ import tensorflow as tf
 from common import devices as common_devices
 from common import metrics
 from common.errors import InputError
-from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+from common.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 
 STRATEGIES = ("mirrored", "central_storage", "multi_worker")
-# torchvision's BatchNorm keeps 90% of its running statistics per step (PyTorch's momentum=0.1);
-# Keras' DenseNet keeps 99%, which after a short run still mostly remembers its initial values
-# and evaluates badly. The same model in every framework means the same statistics too.
-BATCH_NORM_MOMENTUM = 0.9
 
 
 def check_strategy(name: str) -> str:

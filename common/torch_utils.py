@@ -129,13 +129,6 @@ def eval_transform(image_size: int) -> v2.Compose:
     return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size), *_to_normalized_rgb()])
 
 
-def loader_workers(devices: int, device_kind: str) -> int:
-    """Decode in worker processes; on simulated CPU devices one worker each, so compute keeps its cores."""
-    if device_kind == "cpu":
-        return 1
-    return max(1, min(8, threads_per_device(devices) - 1))
-
-
 def build_densenet121(num_classes: int = NUM_CLASSES, pretrained: bool = False) -> nn.Module:
     """torchvision's DenseNet-121 with a ``num_classes`` output (6,968,206 parameters for 14)."""
     if not pretrained:

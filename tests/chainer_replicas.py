@@ -25,7 +25,7 @@ class Small(chainer.Chain):
         with self.init_scope():
             self.conv = L.Convolution2D(3, 4, 3, pad=1, initialW=rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32))
             if batch_norm:  # as the notebook's BatchNorm: PyTorch's momentum and eps
-                self.norm = L.BatchNormalization(4, decay=cu.BN_DECAY, eps=cu.BN_EPS)
+                self.norm = L.BatchNormalization(4, decay=cu.BATCH_NORM_MOMENTUM, eps=cu.BN_EPS)
             self.fc = L.Linear(4, 14, initialW=rng.normal(0, 0.3, (14, 4)).astype(np.float32))
         self.batch_norm = batch_norm
 

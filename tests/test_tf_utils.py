@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import chestxray
+from common import chestxray, params
 from common import tf_utils as tfu
 from common.errors import InputError
 
@@ -23,7 +23,7 @@ def test_densenet121_has_the_shared_parameter_count():
 def test_densenet121_matches_torchvision_batch_norm_momentum_and_float32_head():
     model = tfu.build_densenet121(32, activation="sigmoid")
     norms = [layer for layer in model.layers if layer.__class__.__name__ == "BatchNormalization"]
-    assert len(norms) == 121 and {layer.momentum for layer in norms} == {tfu.BATCH_NORM_MOMENTUM}
+    assert len(norms) == 121 and {layer.momentum for layer in norms} == {params.BATCH_NORM_MOMENTUM}
     assert model.layers[-1].dtype_policy.compute_dtype == "float32"
     scores = model(np.zeros((2, 32, 32, 3), np.float32)).numpy()
     assert scores.shape == (2, 14) and ((scores > 0) & (scores < 1)).all()
