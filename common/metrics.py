@@ -55,3 +55,15 @@ def images_per_second(images_per_epoch: int, epoch_seconds) -> float:
     seconds = list(epoch_seconds)
     timed = seconds[1:] or seconds
     return images_per_epoch / float(np.mean(timed))
+
+
+def memory_imbalance(peak_mib: dict[str, float]) -> float | None:
+    """Device 0's peak memory over the mean of the other devices' (1.0 is balanced); None for fewer than 2 devices.
+
+    ``peak_mib`` maps device names to MiB in device order, device 0 first.
+    """
+    peaks = list(peak_mib.values())
+    if len(peaks) < 2:
+        return None
+    others = float(np.mean(peaks[1:]))
+    return peaks[0] / others if others else None

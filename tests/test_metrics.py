@@ -74,3 +74,14 @@ def test_images_per_second_accepts_a_generator_of_several_epochs():
 
 def test_images_per_second_accepts_a_generator_of_one_epoch():
     assert metrics.images_per_second(1000, (s for s in [20.0])) == pytest.approx(50.0)
+
+
+def test_memory_imbalance_is_device_0_over_the_mean_of_the_others():
+    assert metrics.memory_imbalance({"cuda:0": 300.0, "cuda:1": 100.0, "cuda:2": 200.0}) == pytest.approx(2.0)
+    assert metrics.memory_imbalance({"cuda:0": 100.0, "cuda:1": 100.0}) == pytest.approx(1.0)
+
+
+def test_memory_imbalance_needs_two_devices_with_memory():
+    assert metrics.memory_imbalance({}) is None
+    assert metrics.memory_imbalance({"cuda:0": 100.0}) is None
+    assert metrics.memory_imbalance({"cuda:0": 100.0, "cuda:1": 0.0}) is None

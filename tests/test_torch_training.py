@@ -1,0 +1,51 @@
+"""The shared pieces of the PyTorch experiment notebooks: which placements a machine can measure, the timing helper."""
+
+import pytest
+import torch
+
+from common import devices
+from common import torch_training as tt
+from common.errors import InputError
+
+FOUR_GPUS = devices.resolve(None, gpus=["NVIDIA H100"] * 4)
+ONE_GPU = devices.resolve(None, gpus=["NVIDIA H100"])
+CPU = devices.resolve(2, gpus=[], cores=2)
+
+
+def test_all_placements_on_several_gpus_and_nothing_left_unmeasured():
+    assert tt.choose_placements(None, FOUR_GPUS) == (["dp-gather", "dp-replica-loss", "ddp"], {})
+
+
+@pytest.mark.parametrize("hardware", [ONE_GPU, CPU], ids=["one-gpu", "cpu"])
+def test_only_ddp_without_several_gpus_and_data_parallel_named_as_not_measured(hardware):
+    ways, not_measured = tt.choose_placements(None, hardware)
+    assert ways == ["ddp"]
+    assert "2 or more GPUs" in not_measured["dp-gather and dp-replica-loss"]
+    assert ("peak memory per device and imbalance" in not_measured) == (hardware.kind == "cpu")
+
+
+def test_a_requested_subset_runs_in_a_fixed_order_and_the_rest_is_named():
+    ways, not_measured = tt.choose_placements(["ddp", "dp-gather"], FOUR_GPUS)
+    assert ways == ["dp-gather", "ddp"]
+    assert not_measured == {"dp-replica-loss": "not requested (WAYS)"}
+
+
+@pytest.mark.parametrize(
+    ("requested", "hardware", "message"),
+    [
+        (["dp-replica-loss"], CPU, "needs 2 or more GPUs"),
+        (["dp-gather"], ONE_GPU, "needs 2 or more GPUs"),
+        (["ddp", "zero"], FOUR_GPUS, "unknown way(s) zero"),
+        ("ddp", FOUR_GPUS, "a non-empty list"),
+        ([], FOUR_GPUS, "a non-empty list"),
+    ],
+)
+def test_impossible_requests_are_refused_with_the_fix(requested, hardware, message):
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        tt.choose_placements(requested, hardware)
+
+
+def test_images_per_second_times_only_the_steps_after_two_warm_ups():
+    calls = []
+    rate = tt.images_per_second(lambda: calls.append(1), batch_size=8, steps=5, device=torch.device("cpu"))
+    assert len(calls) == 7 and rate > 0
