@@ -33,15 +33,20 @@ COLUMNS = {
 }
 
 
+def label(record: dict) -> str:
+    """The notebook, and the placement it measured where one notebook compares several (``variant``)."""
+    return f"{record['notebook']} ({record['variant']})" if record.get("variant") else record["notebook"]
+
+
 def summary_table(records: list[dict]) -> pd.DataFrame:
-    """One row per (notebook, devices): the newest training run beside the newest in-RAM benchmark.
+    """One row per (notebook and variant, devices): the newest training run beside the newest in-RAM benchmark.
 
     Scaling efficiency is training throughput over ``devices`` times the
     one-device throughput of the same notebook, kind and precision (1.0 is perfect).
     """
     if not records:
         return pd.DataFrame(columns=list(COLUMNS))
-    frame = pd.DataFrame(records).sort_values("timestamp")
+    frame = pd.DataFrame(records).assign(notebook=[label(record) for record in records]).sort_values("timestamp")
     key = ["notebook", "devices", "device_kind", "precision"]
     trained = frame[frame["data"] != results.IN_RAM].drop_duplicates(key, keep="last")
     in_ram = frame[frame["data"] == results.IN_RAM].drop_duplicates(key, keep="last")
@@ -102,7 +107,8 @@ def plot_throughput(table: pd.DataFrame, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 3.5))
-    for notebook, group in table.groupby("notebook"):
+    scaling = table[~table["notebook"].str.endswith(")")]  # placement variants are compared in their own notebooks
+    for notebook, group in scaling.groupby("notebook"):
         group = group.sort_values("devices")
         axis.plot(group["devices"], group["train_images_per_second"], marker="o", label=f"{notebook} (data)")
         axis.plot(
@@ -128,8 +134,9 @@ def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
         samples = Path(record["path"]).parent / record["utilization_csv"]
         if not samples.is_file():
             continue
-        figure = plot_utilization(pd.read_csv(samples), f"{record['notebook']} on {record['devices']} device(s)")
-        path = out_dir / f"utilization-{record['notebook']}-{record['devices']}dev.png"
+        figure = plot_utilization(pd.read_csv(samples), f"{label(record)} on {record['devices']} device(s)")
+        name = re.sub(r"[^\w.=-]+", "-", label(record)).strip("-")
+        path = out_dir / f"utilization-{name}-{record['devices']}dev.png"
         figure.savefig(path, dpi=100)
         plt.close(figure)
         paths.append(path)
@@ -142,7 +149,7 @@ def build(results_dir, out_dir) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     records = results.load_all(results_dir)
     table = summary_table(records)
-    newest = {(r["notebook"], r["devices"]): r for r in records if r["data"] != results.IN_RAM}
+    newest = {(label(r), r["devices"]): r for r in records if r["data"] != results.IN_RAM}
     lines = [
         "# Results",
         "",

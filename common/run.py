@@ -22,12 +22,23 @@ from common.errors import InputError
 
 KERNEL = "multigpu-notebooks"
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+# These compare ways of placing the model inside one run, on the most devices (at least this many); at fewer
+# devices there is nothing to compare, and one device would repeat PyTorch_MultiGPU.
+COMPARES_PLACEMENTS = {"PyTorch_MultiGPU-Exp-Loss": 1, "PyTorch_ModelParallel": 2}
 
 
 def device_counts(hardware: devices.Devices) -> list[int]:
     """One device and all of them (two simulated devices without a GPU)."""
     most = hardware.available if hardware.kind == "gpu" else min(2, hardware.available)
     return sorted({1, most})
+
+
+def counts_for(notebook: str, counts: list[int]) -> list[int]:
+    """The device counts ``notebook`` runs at: all of them, or only the most for a notebook that compares placements."""
+    if notebook not in COMPARES_PLACEMENTS:
+        return counts
+    most = max(counts)
+    return [most] if most >= COMPARES_PLACEMENTS[notebook] else []
 
 
 def parse_value(text: str):
@@ -80,7 +91,9 @@ def main(argv=None) -> int:
 
     failures = []
     for notebook in notebooks:
-        for count in counts:
+        if not counts_for(notebook.stem, counts):
+            print(f"{notebook.stem}: skipped, it needs {COMPARES_PLACEMENTS[notebook.stem]} or more devices")
+        for count in counts_for(notebook.stem, counts):
             executed = out / "executed" / f"{notebook.stem}-{count}dev.ipynb"
             executed.parent.mkdir(parents=True, exist_ok=True)
             parameters = {"DATA_DIR": str(data_dir), "DEVICES": count, "RESULTS_DIR": str(out / "results"), **extra}

@@ -89,6 +89,32 @@ def test_device_counts():
     assert run.device_counts(devices.resolve(None, gpus=["A100"])) == [1]
 
 
+def test_placement_notebooks_run_once_on_the_most_devices():
+    assert run.counts_for("PyTorch_MultiGPU", [1, 2, 4]) == [1, 2, 4]
+    assert run.counts_for("PyTorch_MultiGPU-Exp-Loss", [1, 2, 4]) == [4]
+    assert run.counts_for("PyTorch_MultiGPU-Exp-Loss", [1]) == [1]
+    assert run.counts_for("PyTorch_ModelParallel", [1, 2]) == [2]
+    assert run.counts_for("PyTorch_ModelParallel", [1]) == []
+
+
+def test_placement_variants_get_rows_and_plots_of_their_own(tmp_path):
+    folder = tmp_path / "results"
+    samples = pd.DataFrame({"seconds": [0.0], "device": ["cpu"], "utilization_percent": [50.0], "memory_mib": [9.0]})
+    for variant, rate in (("ddp", 60.0), ("dp-gather", 40.0)):
+        results.write(record("PyTorch_MultiGPU-Exp-Loss", devices=2, rate=rate, variant=variant), folder, samples)
+    results.write(record(devices=2, rate=70.0), folder, samples)
+    table = report.summary_table(results.load_all(folder))
+    assert list(table["notebook"]) == [
+        "PyTorch_MultiGPU",
+        "PyTorch_MultiGPU-Exp-Loss (ddp)",
+        "PyTorch_MultiGPU-Exp-Loss (dp-gather)",
+    ]
+    assert list(table["train_images_per_second"]) == [70.0, 60.0, 40.0]
+    built = report.build(folder, tmp_path / "out").read_text()
+    for name in ("PyTorch_MultiGPU-Exp-Loss-ddp-2dev", "PyTorch_MultiGPU-Exp-Loss-dp-gather-2dev"):
+        assert f"utilization-{name}.png" in built and (tmp_path / "out" / f"utilization-{name}.png").is_file()
+
+
 def test_unknown_notebook_is_refused(tmp_path):
     (tmp_path / "PyTorch_MultiGPU.ipynb").write_text("{}")
     with pytest.raises(InputError, match="No notebook named Torch.*choose among PyTorch_MultiGPU"):
