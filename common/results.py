@@ -44,8 +44,8 @@ REQUIRED = (
 )
 
 
-def check_writable(results_dir) -> Path:
-    """Create ``results_dir`` if needed and prove a file can be written there, before training."""
+def check_writable(results_dir, name: str = "RESULTS_DIR") -> Path:
+    """Create the folder (the parameter ``name``) if needed and prove a file can be written there, before training."""
     results_dir = Path(results_dir)
     try:
         results_dir.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ def check_writable(results_dir) -> Path:
             pass
     except OSError as error:
         raise InputError(
-            f"RESULTS_DIR {results_dir} is not writable ({error.strerror or error}): "
+            f"{name} {results_dir} is not writable ({error.strerror or error}): "
             f"choose a folder you can write to, or fix its permissions."
         ) from None
     return results_dir
@@ -114,12 +114,17 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it: ``path`` is complete or absent."""
+def atomic_write(path: Path, write, binary: bool = False) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it: ``path`` is complete or absent.
+
+    The data reaches the disk before the rename, so not even a power cut leaves a half-written ``path``.
+    """
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
-        with os.fdopen(handle, "w") as file:
+        with os.fdopen(handle, "wb" if binary else "w") as file:
             write(file)
+            file.flush()
+            os.fsync(file.fileno())
         # mkstemp creates owner-only files: keep an existing file's mode, else what umask allows
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         os.replace(tmp, path)

@@ -55,7 +55,7 @@ def test_importing_common_imports_no_framework():
     code = (
         "import sys, common, common.chestxray, common.synthetic, common.devices, common.monitor, common.metrics, "
         "common.results, common.report, common.run, common.launch, common.params, common.mxnet_import, "
-        "common.image_transforms\n"
+        "common.image_transforms, common.checkpoints\n"
         "frameworks = ('torch', 'tensorflow', 'keras', 'mxnet', 'chainer', 'chainermn')\n"
         "print(sorted(m for m in frameworks if m in sys.modules))"
     )
