@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from PIL import Image
 from torch import nn
 from torchvision.transforms import v2
 
+from common import checkpoints
 from common.devices import threads_per_device
 from common.errors import InputError
 from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
@@ -223,3 +225,47 @@ def time_steps(
 def _synchronize(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def rng_state(device: torch.device) -> dict:
+    """Every random generator a training process draws from: torch (and CUDA), numpy, Python."""
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(folder, epoch: int, process: Process, settings: dict, history: dict, **parts) -> None:
+    """Rank 0 writes the checkpoint of ``epoch`` (the ``state_dict`` of each part, every rank's RNG state).
+
+    Every rank waits until it is complete, so none runs ahead of a checkpoint that a kill could still lose.
+    """
+    states = [rng_state(process.device)]
+    if process.world_size > 1:
+        states = [None] * process.world_size
+        dist.all_gather_object(states, rng_state(process.device))
+    if process.is_main:
+        payload = {name: part.state_dict() for name, part in parts.items()}
+        payload.update(epoch=epoch, rng=states, history=history)
+        checkpoints.save(folder, epoch, ".pt", lambda file: torch.save(payload, file), settings, history)
+    if process.world_size > 1:
+        dist.barrier()
+
+
+def load_checkpoint(path, process: Process, **parts) -> tuple[int, dict]:
+    """Restore each part and this rank's RNG state from ``path``; returns the epochs finished and the history."""
+    saved = torch.load(path, map_location="cpu", weights_only=False)  # our own file; it holds numpy's RNG state too
+    for name, part in parts.items():
+        part.load_state_dict(saved[name])
+    set_rng_state(saved["rng"][process.rank], process.device)
+    return saved["epoch"], saved["history"]
