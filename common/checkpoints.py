@@ -10,7 +10,9 @@ the previous checkpoint as the newest.
 from __future__ import annotations
 
 import json
+import os
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,10 +91,20 @@ def start(checkpoint_dir, resume: bool, settings: dict) -> Checkpoint | None:
 
 
 def save(folder, epoch: int, suffix: str, write_state, settings: dict, history: dict) -> Path:
-    """Write the checkpoint of ``epoch``; ``write_state(binary_file)`` writes the framework's own state."""
+    """Write the checkpoint of ``epoch``; ``write_state(path)`` saves the framework's state to ``path``.
+
+    ``path`` is a temporary name that ends in ``suffix``, as some frameworks' savers require.
+    """
     folder = Path(folder)
     state = folder / f"{_stem(epoch)}{suffix}"
-    results.atomic_write(state, write_state, binary=True)
+    temporary = folder / f".{_stem(epoch)}-{uuid.uuid4().hex[:8]}{suffix}"
+    try:
+        write_state(temporary)
+        with open(temporary, "rb") as file:
+            os.fsync(file.fileno())  # on disk before the rename: not even a power cut leaves a half-written state
+        os.replace(temporary, state)
+    finally:
+        temporary.unlink(missing_ok=True)
     meta = {"epoch": epoch, "state": state.name, "settings": settings, "history": history}
     results.atomic_write(folder / f"{_stem(epoch)}.json", lambda file: json.dump(meta, file, indent=1))
     for old in complete(folder)[:-KEEP]:

@@ -114,14 +114,14 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, write, binary: bool = False) -> None:
+def atomic_write(path: Path, write) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it: ``path`` is complete or absent.
 
     The data reaches the disk before the rename, so not even a power cut leaves a half-written ``path``.
     """
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
-        with os.fdopen(handle, "wb" if binary else "w") as file:
+        with os.fdopen(handle, "w") as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())

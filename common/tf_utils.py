@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from common import checkpoints, metrics
 from common import devices as common_devices
-from common import metrics
 from common.errors import InputError
 from common.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 
@@ -355,6 +355,43 @@ class ExactAUC(keras.callbacks.Callback):
         self.history.append(auc)
         if logs is not None:
             logs["val_exact_auc"] = auc
+
+
+class EpochCheckpoints(keras.callbacks.Callback):
+    """The history of every epoch and, with a ``folder``, a checkpoint after each one (:mod:`common.checkpoints`).
+
+    ``model.save_weights`` saves the optimizer's state with the weights, its step counter and so the learning-rate
+    schedule included; the file is written under a temporary name and renamed. Not ``keras.callbacks.BackupAndRestore``:
+    in Keras 3.15 it overwrites ``latest.weights.h5`` in place and writes the epoch number after it, so a kill during
+    the save can leave a corrupt file, or one epoch's weights under the number of the epoch before.
+    Put it after ``timer`` and ``valid_auc`` in the callbacks: it reads what they recorded for the epoch.
+    """
+
+    def __init__(self, timer: EpochTimer, valid_auc: ExactAUC, folder=None, settings=None, resume=None):
+        super().__init__()
+        self.timer, self.valid_auc, self.folder, self.settings = timer, valid_auc, folder, settings
+        self.history = resume.history if resume else {"epoch_seconds": [], "train_loss": [], "valid_auc": []}
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.history["epoch_seconds"].append(self.timer.epoch_seconds[-1])
+        self.history["train_loss"].append(float(logs["loss"]))
+        self.history["valid_auc"].append(self.valid_auc.history[-1])
+        if self.folder is not None:
+            checkpoints.save(
+                self.folder,
+                epoch + 1,
+                ".weights.h5",
+                lambda path: self.model.save_weights(str(path)),
+                self.settings,
+                self.history,
+            )
+
+
+def restore(model: keras.Model, checkpoint: checkpoints.Checkpoint) -> int:
+    """Load a checkpoint into a compiled model, inside the strategy's scope; returns the epochs it finished."""
+    model.optimizer.build(model.trainable_variables)  # the optimizer's slots must exist to take their saved values
+    model.load_weights(str(checkpoint.state))
+    return checkpoint.epoch
 
 
 class StepTimer(keras.callbacks.Callback):

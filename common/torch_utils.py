@@ -257,7 +257,7 @@ def save_checkpoint(folder, epoch: int, process: Process, settings: dict, histor
     if process.is_main:
         payload = {name: part.state_dict() for name, part in parts.items()}
         payload.update(epoch=epoch, rng=states, history=history)
-        checkpoints.save(folder, epoch, ".pt", lambda file: torch.save(payload, file), settings, history)
+        checkpoints.save(folder, epoch, ".pt", lambda path: torch.save(payload, path), settings, history)
     if process.world_size > 1:
         dist.barrier()
 

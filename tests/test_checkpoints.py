@@ -12,7 +12,12 @@ SETTINGS = {"EPOCHS": 3, "DEVICES": 2, "IMAGE_SIZE": (64, 64)}
 
 def save(folder, epoch, settings=SETTINGS):
     return checkpoints.save(
-        folder, epoch, ".pt", lambda file: file.write(b"state %d" % epoch), settings, {"epoch_seconds": [1.0] * epoch}
+        folder,
+        epoch,
+        ".pt",
+        lambda path: path.write_bytes(b"state %d" % epoch),
+        settings,
+        {"epoch_seconds": [1.0] * epoch},
     )
 
 
@@ -39,8 +44,8 @@ def test_a_checkpoint_without_its_state_or_with_a_half_written_file_does_not_cou
 
 
 def test_a_failing_state_writer_leaves_no_checkpoint_behind(tmp_path):
-    def crash(file):
-        file.write(b"half")
+    def crash(path):
+        path.write_bytes(b"half")
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
