@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ def complete(folder) -> list[Checkpoint]:
             continue
         saved = json.loads(meta.read_text())
         state = meta.with_name(saved["state"])
-        if state.is_file():
+        if state.exists():
             found.append(Checkpoint(saved["epoch"], state, saved["settings"], saved["history"]))
     return sorted(found, key=lambda checkpoint: checkpoint.epoch)
 
@@ -85,7 +86,7 @@ def start(checkpoint_dir, resume: bool, settings: dict) -> Checkpoint | None:
             f"resume with the settings it was written with, or choose an empty CHECKPOINT_DIR for a new run."
         )
     for stale in folder.glob(".epoch-*"):  # temporaries of a write that a kill interrupted
-        stale.unlink()
+        _remove(stale)
     print(f"Resuming after epoch {newest.epoch} from {newest.state}")
     return newest
 
@@ -93,21 +94,34 @@ def start(checkpoint_dir, resume: bool, settings: dict) -> Checkpoint | None:
 def save(folder, epoch: int, suffix: str, write_state, settings: dict, history: dict) -> Path:
     """Write the checkpoint of ``epoch``; ``write_state(path)`` saves the framework's state to ``path``.
 
-    ``path`` is a temporary name that ends in ``suffix``, as some frameworks' savers require.
+    ``path`` is a temporary name that ends in ``suffix``, as some frameworks' savers require; it may be
+    a file or, for savers that write several files, a folder (renamed as a whole).
     """
     folder = Path(folder)
     state = folder / f"{_stem(epoch)}{suffix}"
     temporary = folder / f".{_stem(epoch)}-{uuid.uuid4().hex[:8]}{suffix}"
     try:
         write_state(temporary)
-        with open(temporary, "rb") as file:
-            os.fsync(file.fileno())  # on disk before the rename: not even a power cut leaves a half-written state
+        for path in sorted(temporary.rglob("*")) if temporary.is_dir() else [temporary]:
+            if path.is_file():
+                with open(path, "rb") as file:
+                    os.fsync(file.fileno())  # on disk before the rename: not even a power cut leaves half a state
+        if state.exists():  # left by a run killed between this rename and the JSON
+            _remove(state)
         os.replace(temporary, state)
     finally:
-        temporary.unlink(missing_ok=True)
+        if temporary.exists():
+            _remove(temporary)
     meta = {"epoch": epoch, "state": state.name, "settings": settings, "history": history}
     results.atomic_write(folder / f"{_stem(epoch)}.json", lambda file: json.dump(meta, file, indent=1))
     for old in complete(folder)[:-KEEP]:
         old.state.with_name(f"{_stem(old.epoch)}.json").unlink()  # the JSON first: never a checkpoint without state
-        old.state.unlink()
+        _remove(old.state)
     return state
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

@@ -387,6 +387,22 @@ class EpochCheckpoints(keras.callbacks.Callback):
             )
 
 
+def save_checkpoint(state: tf.train.Checkpoint, folder, epoch: int, settings: dict, history: dict) -> None:
+    """The custom loop's checkpoint: ``tf.train.Checkpoint`` writes an index and data files into one folder."""
+
+    def write(path):
+        path.mkdir()
+        state.write(str(path / "state"))
+
+    checkpoints.save(folder, epoch, ".tf", write, settings, history)
+
+
+def restore_checkpoint(state: tf.train.Checkpoint, checkpoint: checkpoints.Checkpoint) -> int:
+    """Load what :func:`save_checkpoint` wrote into the same objects; returns the epochs it finished."""
+    state.read(str(checkpoint.state / "state")).assert_existing_objects_matched()
+    return checkpoint.epoch
+
+
 def restore(model: keras.Model, checkpoint: checkpoints.Checkpoint) -> int:
     """Load a checkpoint into a compiled model, inside the strategy's scope; returns the epochs it finished."""
     model.optimizer.build(model.trainable_variables)  # the optimizer's slots must exist to take their saved values

@@ -90,3 +90,27 @@ def test_metadata_is_plain_json(tmp_path):
     save(tmp_path, 1)
     saved = json.loads((tmp_path / "epoch-0001.json").read_text())
     assert saved["epoch"] == 1 and saved["state"] == "epoch-0001.pt" and saved["settings"]["IMAGE_SIZE"] == [64, 64]
+
+
+def test_a_saver_that_writes_a_folder_is_renamed_whole_and_pruned(tmp_path):
+    def write_folder(path):
+        path.mkdir()
+        (path / "state.index").write_text("index")
+        (path / "state.data").write_text("data")
+
+    for epoch in (1, 2, 3):
+        checkpoints.save(tmp_path, epoch, ".tf", write_folder, SETTINGS, {})
+    newest = checkpoints.complete(tmp_path)[-1]
+    assert newest.epoch == 3 and sorted(p.name for p in newest.state.iterdir()) == ["state.data", "state.index"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "epoch-0002.json",
+        "epoch-0002.tf",
+        "epoch-0003.json",
+        "epoch-0003.tf",
+    ]
+
+
+def test_a_state_left_without_its_json_by_a_kill_is_replaced(tmp_path):
+    (tmp_path / "epoch-0001.pt").write_bytes(b"from the killed run")
+    save(tmp_path, 1)
+    assert (tmp_path / "epoch-0001.pt").read_bytes() == b"state 1"
