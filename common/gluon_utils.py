@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from common import devices, image_transforms
+from common import checkpoints, devices, image_transforms
 from common.errors import InputError
 from common.mxnet_import import load
 from common.params import NUM_CLASSES
@@ -221,3 +221,21 @@ def loader(split, image_size: int, batch_size: int, training: bool, workers: int
     else:
         batching = dict(batch_size=batch_size, shuffle=False, last_batch="keep")
     return gluon.data.DataLoader(data, num_workers=workers, thread_pool=False, **batching)
+
+
+def save_checkpoint(net, trainer, folder, epoch: int, settings: dict, history: dict) -> None:
+    """The parameters and the trainer's state (Adam's moments, its update count and so the schedule) in one folder."""
+
+    def write(path):
+        path.mkdir()
+        net.save_parameters(str(path / "model.params"))
+        trainer.save_states(str(path / "trainer.states"))
+
+    checkpoints.save(folder, epoch, ".gluon", write, settings, history)
+
+
+def restore_checkpoint(net, trainer, checkpoint: checkpoints.Checkpoint, contexts: list) -> int:
+    """Load what :func:`save_checkpoint` wrote onto every context; returns the epochs it finished."""
+    net.load_parameters(str(checkpoint.state / "model.params"), ctx=contexts)
+    trainer.load_states(str(checkpoint.state / "trainer.states"))
+    return checkpoint.epoch

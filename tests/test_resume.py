@@ -14,6 +14,7 @@ NOTEBOOKS = {
     # one replica: TensorFlow traces the training step once instead of twice
     "Keras_TF_MultiGPU": (1, "epoch-0001.weights.h5", "Epoch {}/3"),
     "Tensorflow_MultiGPU": (1, "epoch-0001.tf", "epoch {}/3"),
+    "Gluon_MultiGPU": (2, "epoch-0001.gluon", "epoch {}/3"),
 }
 
 
