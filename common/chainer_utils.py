@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import devices, image_transforms
+from common import checkpoints, devices, image_transforms
 from common.chainer_import import chainer, chainermn
 from common.devices import threads_per_device
 from common.errors import InputError
@@ -410,3 +410,27 @@ def time_steps(model, optimizer, batch_size: int, image_size: int, steps: int, d
         optimizer.update(lambda: sigmoid_loss(model(images), labels))
     synchronize(device)
     return steps * batch_size / (time.perf_counter() - start)
+
+
+def save_checkpoint(model, optimizer, comm, folder, epoch: int, settings: dict, history: dict) -> None:
+    """Rank 0 writes the weights (BatchNorm statistics included) and Adam's state; every rank waits until it is done.
+
+    The ranks hold the same weights, and their BatchNorm statistics were averaged before validation.
+    """
+    if comm.rank == 0:
+
+        def write(path):
+            path.mkdir()
+            chainer.serializers.save_npz(str(path / "model.npz"), model)
+            chainer.serializers.save_npz(str(path / "optimizer.npz"), optimizer)
+
+        checkpoints.save(folder, epoch, ".chainer", write, settings, history)
+    comm.mpi_comm.Barrier()  # no rank runs ahead of a checkpoint that a kill could still lose
+
+
+def load_checkpoint(state, model, optimizer) -> tuple[int, dict]:
+    """Every rank loads what :func:`save_checkpoint` wrote; returns the epochs finished and the history so far."""
+    checkpoint = checkpoints.of_state(state)
+    chainer.serializers.load_npz(str(checkpoint.state / "model.npz"), model)
+    chainer.serializers.load_npz(str(checkpoint.state / "optimizer.npz"), optimizer)
+    return checkpoint.epoch, checkpoint.history

@@ -49,6 +49,13 @@ def complete(folder) -> list[Checkpoint]:
     return sorted(found, key=lambda checkpoint: checkpoint.epoch)
 
 
+def of_state(state) -> Checkpoint:
+    """The checkpoint that ``state`` belongs to, as a notebook hands it to its training processes."""
+    epoch = int(re.match(r"epoch-(\d+)", Path(state).name).group(1))
+    saved = json.loads((Path(state).parent / f"{_stem(epoch)}.json").read_text())
+    return Checkpoint(saved["epoch"], Path(state), saved["settings"], saved["history"])
+
+
 def start(checkpoint_dir, resume: bool, settings: dict) -> Checkpoint | None:
     """Check ``CHECKPOINT_DIR`` and ``RESUME`` before any training: the checkpoint to continue from, or None.
 

@@ -114,3 +114,9 @@ def test_a_state_left_without_its_json_by_a_kill_is_replaced(tmp_path):
     (tmp_path / "epoch-0001.pt").write_bytes(b"from the killed run")
     save(tmp_path, 1)
     assert (tmp_path / "epoch-0001.pt").read_bytes() == b"state 1"
+
+
+def test_a_training_process_finds_the_history_from_the_state_path(tmp_path):
+    state = save(tmp_path, 2)
+    found = checkpoints.of_state(str(state))
+    assert found.epoch == 2 and found.state == state and found.history == {"epoch_seconds": [1.0, 1.0]}

@@ -15,6 +15,7 @@ NOTEBOOKS = {
     "Keras_TF_MultiGPU": (1, "epoch-0001.weights.h5", "Epoch {}/3"),
     "Tensorflow_MultiGPU": (1, "epoch-0001.tf", "epoch {}/3"),
     "Gluon_MultiGPU": (2, "epoch-0001.gluon", "epoch {}/3"),
+    "Chainer_MultiGPU": (2, "epoch-0001.chainer", "epoch {}: "),  # printed by rank 0 after each epoch
 }
 
 
