@@ -226,3 +226,44 @@ def test_pretrained_weights_are_refused_with_the_reason():
     with pytest.raises(InputError, match="no ImageNet DenseNet-121 weights"):
         cu.check_pretrained(True)
     cu.check_pretrained(False)
+
+
+class OneRank:
+    """The communicator interface that saving a checkpoint uses, for a single process."""
+
+    rank = 0
+
+    class mpi_comm:  # noqa: N801 (mpi4py's name)
+        @staticmethod
+        def Barrier():  # noqa: N802
+            pass
+
+
+def test_a_restored_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_path):
+    """The weights and Adam's state (its step count and moments) come back into a fresh model and optimizer."""
+    batches = [np.random.default_rng(step).normal(size=(8, 4)).astype(np.float32) for step in range(6)]
+
+    def build(seed):
+        model = chainer.links.Linear(4, 2, initialW=np.random.default_rng(seed).normal(size=(2, 4)).astype(np.float32))
+        optimizer = chainer.optimizers.Adam(alpha=0.1)
+        optimizer.setup(model)
+        return model, optimizer
+
+    def train(model, optimizer, steps):
+        for batch in steps:
+            loss = chainer.functions.mean(model(batch) ** 2)
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+
+    model, optimizer = build(0)
+    train(model, optimizer, batches[:3])
+    cu.save_checkpoint(model, optimizer, OneRank, tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]})
+    train(model, optimizer, batches[3:])
+
+    resumed, resumed_optimizer = build(1)
+    epoch, history = cu.load_checkpoint(tmp_path / "epoch-0003.chainer", resumed, resumed_optimizer)
+    assert epoch == 3 and history == {"train_loss": [0.5]} and resumed_optimizer.t == 3
+    train(resumed, resumed_optimizer, batches[3:])
+    np.testing.assert_array_equal(resumed.W.array, model.W.array)
+    np.testing.assert_array_equal(resumed.b.array, model.b.array)

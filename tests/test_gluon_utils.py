@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from common import chestxray, devices, mxnet_import
+from common import checkpoints, chestxray, devices, mxnet_import
 from common.errors import InputError
 from common.params import NUM_CLASSES
 
@@ -175,3 +175,36 @@ def test_mxnet_then_chainer_in_one_process():
     """Both retired frameworks need distutils; whichever comes first, the other still imports."""
     code = "from common import mxnet_import; mxnet_import.load(); from common.chainer_import import chainer"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_a_restored_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_path):
+    """The parameters, Adam's moments and the trainer's update count (the schedule's position) come back."""
+    batches = [mx.nd.array(np.random.default_rng(step).normal(size=(8, 4))) for step in range(6)]
+
+    def build(seed):
+        mx.random.seed(seed)
+        net = gluon.nn.Dense(2, in_units=4)
+        net.initialize(mx.init.Xavier(), ctx=CPUS)
+        schedule = mx.lr_scheduler.CosineScheduler(max_update=6, base_lr=0.1)
+        trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.1, "lr_scheduler": schedule})
+        return net, trainer
+
+    def train(net, trainer, steps):
+        for batch in steps:
+            shares = gluon.utils.split_and_load(batch, CPUS)
+            with autograd.record():
+                losses = [(net(x) ** 2).mean() for x in shares]
+            autograd.backward(losses)
+            trainer.step(8)
+
+    net, trainer = build(0)
+    train(net, trainer, batches[:3])
+    gu.save_checkpoint(net, trainer, tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]})
+    train(net, trainer, batches[3:])
+
+    resumed, resumed_trainer = build(1)
+    assert gu.restore_checkpoint(resumed, resumed_trainer, checkpoints.complete(tmp_path)[-1], CPUS) == 3
+    train(resumed, resumed_trainer, batches[3:])
+    for expected, found in zip(net.collect_params().values(), resumed.collect_params().values()):  # names differ
+        for context in CPUS:
+            np.testing.assert_array_equal(found.data(context).asnumpy(), expected.data(context).asnumpy())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import chestxray, params
+from common import checkpoints, chestxray, params
 from common import tf_utils as tfu
 from common.errors import InputError
 
@@ -152,3 +152,82 @@ def test_batch_norm_statistics_stay_per_replica(replicas):
     # recomputed outside the replicas, every replica gets the same, new statistics
     first, second = result["recomputed_moving_means"]
     assert first == second and not np.allclose(first, result["shared_moving_means"][0], atol=1e-4)
+
+
+def tiny_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+
+
+def test_a_restored_custom_loop_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_path):
+    data = np.random.default_rng(0).normal(size=(6, 8, 4)).astype(np.float32)
+
+    def build():
+        model = tiny_model()
+        optimizer = tfu.make_optimizer(0.1, steps=6)
+        optimizer.build(model.trainable_variables)
+        return model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+    def train(model, optimizer, steps):
+        for batch in steps:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(model(batch) ** 2)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    model, optimizer, state = build()
+    train(model, optimizer, data[:3])
+    tfu.save_checkpoint(state, tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]})
+    train(model, optimizer, data[3:])
+
+    resumed_model, resumed_optimizer, resumed_state = build()
+    assert tfu.restore_checkpoint(resumed_state, checkpoints.complete(tmp_path)[-1]) == 3
+    assert int(resumed_optimizer.iterations) == 3  # the learning-rate schedule resumes at step 3
+    train(resumed_model, resumed_optimizer, data[3:])
+    for expected, found in zip(model.get_weights(), resumed_model.get_weights()):
+        np.testing.assert_array_equal(found, expected)
+
+
+class FixedAUC(keras.callbacks.Callback):
+    history: list
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.history.append(0.5)
+
+
+def test_keras_epoch_checkpoints_resume_model_fit_exactly_and_keep_the_history(tmp_path):
+    images = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    labels = np.zeros((16, 2), np.float32)
+
+    def build():
+        model = tiny_model()
+        model.compile(optimizer=tfu.make_optimizer(0.1, steps=12), loss="mse")
+        return model
+
+    def fit(model, first, last, folder=None, resume=None):
+        timer, auc = tfu.EpochTimer(), FixedAUC()
+        auc.history = []
+        log = tfu.EpochCheckpoints(timer, auc, folder, {"EPOCHS": 3}, resume)
+        model.fit(
+            images,
+            labels,
+            batch_size=4,
+            shuffle=False,
+            epochs=last,
+            initial_epoch=first,
+            verbose=0,
+            callbacks=[timer, auc, log],
+        )
+        return log.history
+
+    model = build()
+    fit(model, 0, 2, tmp_path)
+    resume = checkpoints.complete(tmp_path)[-1]
+    fit(model, 2, 3)
+
+    resumed = build()
+    assert tfu.restore(resumed, resume) == 2
+    history = fit(resumed, 2, 3, tmp_path, resume)
+    assert len(history["epoch_seconds"]) == len(history["train_loss"]) == len(history["valid_auc"]) == 3
+    assert [checkpoint.epoch for checkpoint in checkpoints.complete(tmp_path)] == [2, 3]
+    for expected, found in zip(model.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(found, expected)

@@ -65,3 +65,42 @@ def test_torchrun_command_uses_this_python():
     command = tu.torchrun_command("train.py", 2, "config.json")
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=2" in command and command[-2:] == ["train.py", "config.json"]
+
+
+def test_a_restored_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_path):
+    """Weights, Adam's moments, the schedule's position and the random state all come back."""
+    process = tu.Process(0, 1, 0, torch.device("cpu"))
+
+    def build():
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        parts = dict(
+            model=model,
+            optimizer=optimizer,
+            scaler=torch.amp.GradScaler("cpu", enabled=False),
+            scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=6),
+        )
+        return parts
+
+    def train(parts, steps):
+        for _ in range(steps):
+            loss = parts["model"](torch.randn(8, 4)).pow(2).mean()  # the batch comes from the random state
+            parts["optimizer"].zero_grad()
+            loss.backward()
+            parts["optimizer"].step()
+            parts["scheduler"].step()
+
+    torch.manual_seed(0)
+    uninterrupted = build()
+    train(uninterrupted, 3)
+    tu.save_checkpoint(tmp_path, 3, process, {"EPOCHS": 6}, {"train_loss": [1.0, 0.9, 0.8]}, **uninterrupted)
+    train(uninterrupted, 3)
+
+    torch.manual_seed(123)  # a new process: other initial weights, another random state
+    resumed = build()
+    epoch, history = tu.load_checkpoint(tmp_path / "epoch-0003.pt", process, **resumed)
+    train(resumed, 3)
+    assert epoch == 3 and history == {"train_loss": [1.0, 0.9, 0.8]}
+    assert resumed["scheduler"].last_epoch == 6
+    for name, value in uninterrupted["model"].state_dict().items():
+        assert torch.equal(resumed["model"].state_dict()[name], value), name
