@@ -30,7 +30,7 @@ run: setup
 	$(PY) -m common.run $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") $(RUN_ARGS)
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks

@@ -2,19 +2,20 @@
 
 import nbformat
 import pytest
-from notebook_harness import AUC_BAR, assert_stops_before_training, execute
+from notebook_harness import assert_stops_before_training, execute
 from resume_harness import run_until_killed
 
 from common import checkpoints, results
 
-TINY = dict(EPOCHS=3, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
+# two epochs: the run is killed in the second, and the resumed run trains only that one
+TINY = dict(EPOCHS=2, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
 # notebook: (devices, the file a checkpoint's state is saved as, the progress line of a trained epoch)
 NOTEBOOKS = {
-    "PyTorch_MultiGPU": (2, "epoch-0001.pt", "epoch {}/3"),
+    "PyTorch_MultiGPU": (2, "epoch-0001.pt", "epoch {}/2"),
     # one replica: TensorFlow traces the training step once instead of twice
-    "Keras_TF_MultiGPU": (1, "epoch-0001.weights.h5", "Epoch {}/3"),
-    "Tensorflow_MultiGPU": (1, "epoch-0001.tf", "epoch {}/3"),
-    "Gluon_MultiGPU": (2, "epoch-0001.gluon", "epoch {}/3"),
+    "Keras_TF_MultiGPU": (1, "epoch-0001.weights.h5", "Epoch {}/2"),
+    "Tensorflow_MultiGPU": (1, "epoch-0001.tf", "epoch {}/2"),
+    "Gluon_MultiGPU": (2, "epoch-0001.gluon", "epoch {}/2"),
     "Chainer_MultiGPU": (2, "epoch-0001.chainer", "epoch {}: "),  # printed by rank 0 after each epoch
 }
 
@@ -41,17 +42,20 @@ def test_resumes_after_sigkill_in_the_middle_of_epoch_2(name, notebook_data, tmp
     assert len(trained["epoch_seconds"]) == len(trained["valid_auc"]) == TINY["EPOCHS"]
     # epoch 1 comes from the checkpoint, not from training it again
     assert trained["epoch_seconds"][0] == survived[0].history["epoch_seconds"][0]
-    assert trained["test_auc"] > AUC_BAR
-    assert [checkpoint.epoch for checkpoint in checkpoints.complete(saved)] == [2, 3]
+    assert [checkpoint.epoch for checkpoint in checkpoints.complete(saved)] == [1, 2]
     log = outputs(executed)
     assert "Resuming after epoch 1" in log and progress.format(1) not in log and progress.format(2) in log
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_a_checkpoint_folder_of_another_run_is_refused_before_training(name, notebook_data, tmp_path):
+def test_a_checkpoint_folder_of_another_run_is_refused_before_training(notebook_data, tmp_path):
+    """The refusal is common.checkpoints.start's, unit-tested there; this shows a notebook asks it before training."""
     saved = tmp_path / "checkpoints"
     saved.mkdir()
     checkpoints.save(saved, 1, ".pt", lambda path: path.write_bytes(b"state"), {"DEVICES": 1}, {})
     assert_stops_before_training(
-        name, notebook_data, tmp_path / "fresh", {"CHECKPOINT_DIR": str(saved)}, "set RESUME=True to continue that run"
+        "PyTorch_MultiGPU",
+        notebook_data,
+        tmp_path / "fresh",
+        {"CHECKPOINT_DIR": str(saved)},
+        "set RESUME=True to continue that run",
     )
