@@ -6,6 +6,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from common.run import COMPARES_PLACEMENTS
+
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 HEADINGS = ["Setup", "Parameters", "Data", "Model", "Train", "Evaluate", "Synthetic-data benchmark", "Record"]
 PARAMETERS = {
@@ -22,6 +24,8 @@ PARAMETERS = {
     "BENCH_STEPS",
 }
 KERNEL = "multigpu-notebooks"
+# The data-parallel notebooks train for many epochs and can resume; the placement notebooks compare short runs.
+CHECKPOINTING = {"CHECKPOINT_DIR", "RESUME"}
 
 
 def test_there_are_notebooks():
@@ -51,6 +55,18 @@ def test_one_parameters_cell_with_the_shared_names(notebook):
     names = {target.id for node in ast.parse(tagged[0].source).body for target in node.targets}
     assert PARAMETERS <= names, f"missing {sorted(PARAMETERS - names)}"
     assert all(name.isupper() for name in names), f"parameters are UPPER_CASE: {sorted(names)}"
+
+
+def parameter_names(notebook) -> set[str]:
+    tagged = next(cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", []))
+    return {target.id for node in ast.parse(tagged.source).body for target in node.targets}
+
+
+@pytest.mark.parametrize(
+    "path", [path for path in NOTEBOOKS if path.stem not in COMPARES_PLACEMENTS], ids=lambda path: path.stem
+)
+def test_data_parallel_notebooks_checkpoint_and_resume(path):
+    assert CHECKPOINTING <= parameter_names(nbformat.read(path, as_version=4))
 
 
 def test_project_kernel(notebook):
