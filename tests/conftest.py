@@ -4,6 +4,10 @@ import shutil
 
 import pytest
 
+# torchvision 0.29.1 crashes the process when it is imported after TensorFlow 2.21: imported first, any subset
+# of the test modules runs in one process, in any order.
+import torchvision  # noqa: F401, I001
+
 from common import synthetic
 
 
