@@ -7,6 +7,7 @@ itself is imported through :mod:`common.chainer_import`, which makes it importab
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import shutil
 import sys
@@ -122,6 +123,32 @@ def mpiexec() -> str:
 def mpiexec_command(script, nproc: int, *args) -> list[str]:
     """One process per device on this machine, each running ``script`` with this Python."""
     return [mpiexec(), "-n", str(nproc), sys.executable, str(script), *map(str, args)]
+
+
+def mpiexec_hosts_command(script, hosts: list[str], nproc_per_host: int, *args) -> list[str]:
+    """MPICH's ``mpiexec`` over several machines: ``nproc_per_host`` processes on each of ``hosts``.
+
+    Hydra starts the remote processes over ssh (passwordless, from the first host), so every host needs
+    this environment, the script and the data at the same paths; MPI then numbers the ranks host by host.
+    """
+    spread = ",".join(f"{host}:{nproc_per_host}" for host in hosts)
+    command = [mpiexec(), "-hosts", spread, "-n", str(nproc_per_host * len(hosts))]
+    return [*command, sys.executable, str(script), *map(str, args)]
+
+
+def weights_fingerprint(model: chainer.Link) -> str:
+    """sha256 of every parameter and persistent value (BatchNorm statistics included), by name.
+
+    Ranks that hold identical weights print identical fingerprints: a cheap proof that ChainerMN kept
+    every copy in step, on one machine or across several.
+    """
+    serializer = chainer.serializers.DictionarySerializer()
+    serializer.save(model)
+    digest = hashlib.sha256()
+    for name in sorted(serializer.target):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(chainer.backend.CpuDevice().send(serializer.target[name])).tobytes())
+    return digest.hexdigest()
 
 
 def launch_env(nproc: int) -> dict[str, str]:

@@ -7,6 +7,7 @@ TensorFlow fixes its logical devices and thread pools when its runtime first sta
 
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 
@@ -92,6 +93,53 @@ def make_strategy(name: str, device_names: list[str], kind: str) -> tf.distribut
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(device_names, parameter_device="/cpu:0")
     return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def check_checkpointing(strategy: str, checkpoint_dir) -> None:
+    """Checkpoints are for one machine: in a multi-worker run every worker would have to save (the saves are
+    collective operations), each into its own folder, and resume from its own; that is not built, so it is refused."""
+    if check_strategy(strategy) == "multi_worker" and checkpoint_dir is not None:
+        raise InputError(
+            "CHECKPOINT_DIR with STRATEGY='multi_worker' is not supported: every worker would have to save and resume "
+            "its own copy. Leave CHECKPOINT_DIR=None for a multi-worker run, or checkpoint a run on one machine."
+        )
+
+
+def worker_index(strategy: tf.distribute.Strategy) -> int:
+    """This process's task index in a multi-worker cluster; 0 for the only process (no ``TF_CONFIG``)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0
+    return int(resolver.task_id or 0)
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this process writes results: the ``chief`` task, else worker 0, else the only process.
+
+    Under ``MultiWorkerMirroredStrategy`` every worker runs the whole notebook; if each wrote its record,
+    one run would count once per worker.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True
+    if resolver.task_type == "chief":
+        return True
+    return (
+        resolver.task_type == "worker" and worker_index(strategy) == 0 and "chief" not in resolver.cluster_spec().jobs
+    )
+
+
+def weights_fingerprint(model: keras.Model) -> str:
+    """sha256 of every weight (BatchNorm statistics included), by variable path.
+
+    Workers that hold identical weights print identical fingerprints: a cheap proof that the strategy
+    kept every copy in step, on one machine or across several.
+    """
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(weight.path.encode())
+        digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
+    return digest.hexdigest()
 
 
 def set_precision(precision: str, kind: str) -> str:

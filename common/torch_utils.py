@@ -7,6 +7,7 @@ does not import torch).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 import sys
@@ -74,6 +75,42 @@ def torchrun_command(script, nproc: int, *args: str) -> list[str]:
         str(script),
         *map(str, args),
     ]
+
+
+def torchrun_multinode_command(
+    script, nnodes: int, nproc: int, endpoint: str, run_id: str = "chestxray", *args: str
+) -> list[str]:
+    """``torchrun`` for one of ``nnodes`` machines: run the same command on each of them.
+
+    The c10d rendezvous meets at ``endpoint`` (``host:port`` of any one node, reachable from all); the
+    nodes agree on their ranks there, so no node needs to be told its own rank. ``run_id`` keeps two
+    jobs that share an endpoint apart.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        str(script),
+        *map(str, args),
+    ]
+
+
+def weights_fingerprint(model: nn.Module) -> str:
+    """sha256 of every parameter and buffer (BatchNorm statistics included), in ``state_dict`` order.
+
+    Ranks that hold identical weights print identical fingerprints: a cheap proof that data-parallel
+    training kept every copy in step, on one machine or across several.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def launch_env(nproc: int) -> dict[str, str]:
@@ -188,6 +225,25 @@ def predict_all(model: nn.Module, loader, process: Process, precision: str) -> t
     table = table[first]
     model.train()
     return table[:, 1 : 1 + NUM_CLASSES], table[:, 1 + NUM_CLASSES :]
+
+
+@torch.no_grad()
+def share_batch_norm_statistics(model: nn.Module, process: Process) -> None:
+    """Average the BatchNorm running statistics over all ranks, so every rank scores images alike.
+
+    DDP copies rank 0's buffers to the other ranks only before a forward pass with gradients enabled,
+    not under ``torch.no_grad()``: without this, each rank would evaluate its shard with the statistics
+    of its own batches (and after the last training step each rank's differ by its own last batch).
+    """
+    if process.world_size == 1:
+        return
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    buffers = [buffer for m in norms for buffer in (m.running_mean, m.running_var)]
+    flat = torch.cat([buffer.reshape(-1) for buffer in buffers])  # one all-reduce, not 242
+    dist.all_reduce(flat)
+    flat /= process.world_size
+    for buffer, shared in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
+        buffer.copy_(shared.view_as(buffer))
 
 
 def time_steps(

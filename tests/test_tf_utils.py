@@ -231,3 +231,10 @@ def test_keras_epoch_checkpoints_resume_model_fit_exactly_and_keep_the_history(t
     assert [checkpoint.epoch for checkpoint in checkpoints.complete(tmp_path)] == [2, 3]
     for expected, found in zip(model.get_weights(), resumed.get_weights()):
         np.testing.assert_array_equal(found, expected)
+
+
+def test_checkpoints_of_a_multi_worker_run_are_refused():
+    tfu.check_checkpointing("mirrored", "/tmp/checkpoints")
+    tfu.check_checkpointing("multi_worker", None)
+    with pytest.raises(InputError, match="CHECKPOINT_DIR with STRATEGY='multi_worker' is not supported"):
+        tfu.check_checkpointing("multi_worker", "/tmp/checkpoints")

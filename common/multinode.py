@@ -1,0 +1,146 @@
+"""Several "nodes" of a distributed run on one machine: free ports, a time bound, nothing left running.
+
+Framework-neutral: the launch commands and environment variables come from each framework's helpers.
+A real multi-node run starts the same commands on different hosts; on one machine they are processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class LaunchTimeout(AssertionError):
+    """A launched node did not finish within its time bound (the message names it)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that nothing listens on now: the kernel picks one for a socket bound to port 0."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different free ports (held open together, so the kernel cannot hand out one twice)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_config(workers: list[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` in a cluster of ``workers`` (``host:port`` each, the same list everywhere).
+
+    TensorFlow's ``MultiWorkerMirroredStrategy`` reads it from the environment. Every worker gets the same
+    cluster and its own index; worker 0 is the chief, which writes the results.
+    """
+    return json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
+
+
+@dataclass
+class Node:
+    """One launched process (a node's launcher, a server, a scheduler) and where its output goes."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log: Path
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def tail(self, lines: int = 25) -> str:
+        return "\n".join(self.output.splitlines()[-lines:])
+
+
+class Cluster:
+    """Start named processes, wait for them with a time bound, and stop every one of them on the way out.
+
+    Use it as a context manager: leaving the block (a failed assertion, a timeout, Ctrl-C) kills each
+    process group that is still alive, so a failing test leaves no launcher, worker or server behind.
+    """
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.nodes: list[Node] = []
+
+    def start(self, name: str, command: list[str], env: dict[str, str] | None = None, cwd=None) -> Node:
+        node = Node(name, [str(part) for part in command], dict(env or {}), self.log_dir / f"{name}.log")
+        with node.log.open("wb") as log:
+            # Own session: the launcher and every worker it starts form one process group to kill.
+            node.process = subprocess.Popen(
+                node.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **node.env},
+                cwd=cwd,
+                start_new_session=True,
+            )
+        self.nodes.append(node)
+        return node
+
+    def wait(self, nodes: list[Node], timeout: float) -> dict[str, int]:
+        """Exit codes of ``nodes`` by name; raises :class:`LaunchTimeout` naming every node still running."""
+        deadline = time.monotonic() + timeout
+        while any(node.process.poll() is None for node in nodes):
+            if time.monotonic() > deadline:
+                hung = [node for node in nodes if node.process.poll() is None]
+                details = "\n".join(f"--- {node.name}: {' '.join(node.command)}\n{node.tail()}" for node in hung)
+                raise LaunchTimeout(
+                    f"{', '.join(node.name for node in hung)} did not finish within {timeout:.0f} s; "
+                    f"last lines:\n{details}"
+                )
+            time.sleep(0.2)
+        return {node.name: node.process.returncode for node in nodes}
+
+    def check(self, nodes: list[Node], timeout: float) -> None:
+        """Wait for ``nodes``; fail naming each one that exited with an error, with its last lines."""
+        codes = self.wait(nodes, timeout)
+        failed = [node for node in nodes if codes[node.name] != 0]
+        if failed:
+            details = "\n".join(
+                f"--- {n.name} (exit {codes[n.name]}): {' '.join(n.command)}\n{n.tail()}" for n in failed
+            )
+            raise AssertionError(f"{', '.join(n.name for n in failed)} failed:\n{details}")
+
+    def stop(self) -> None:
+        """SIGTERM each live process group, then SIGKILL whatever has not exited after a grace period."""
+        for node in self.nodes:
+            _signal_group(node.process, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for node in self.nodes:
+            try:
+                node.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            # Children of a launcher that already exited can outlive it in the group: kill the group regardless.
+            _signal_group(node.process, signal.SIGKILL)
+            node.process.wait()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
