@@ -86,8 +86,8 @@ def assert_stops_before_training(name: str, data_dir, tmp_path: Path, parameters
     assert not list((tmp_path / "results").glob("*.json")), "a record was written for a run that never trained"
 
 
-def run_nbval(name: str, data_dir, tmp_path: Path, **parameters) -> None:
-    """nbval --nbval-lax over the notebook prepared with CPU-sized parameters; it must write two records."""
+def run_nbval(name: str, data_dir, tmp_path: Path, records: int = 2, **parameters) -> None:
+    """nbval --nbval-lax over the notebook prepared with CPU-sized parameters; it must write ``records`` records."""
     prepared = execute(
         name,
         data_dir,
@@ -100,7 +100,7 @@ def run_nbval(name: str, data_dir, tmp_path: Path, **parameters) -> None:
     command += ["-p", "no:cacheprovider", "-q", str(prepared)]
     out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert len(list((tmp_path / "results").glob("*.json"))) == 2
+    assert len(list((tmp_path / "results").glob("*.json"))) == records
 
 
 # Bad input every notebook refuses before training, with the message it must name.
