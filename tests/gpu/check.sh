@@ -2,7 +2,8 @@
 # GPU check: every notebook, briefly, on this machine's NVIDIA GPUs.
 #
 # What it checks: each notebook in notebooks/ runs end to end on the GPU code path at DEVICES=1 and, with more than
-# one GPU, at DEVICES=<all GPUs>, with PRECISION="mixed" (bf16 or fp16 per framework and GPU), for one epoch on a
+# one GPU, at DEVICES=<all GPUs> (the two placement notebooks once, on all GPUs; PyTorch_ModelParallel needs two),
+# with PRECISION="mixed" (bf16 or fp16 per framework and GPU), for one epoch on a
 # 1,200-image generated stand-in at 224 px, then its synthetic-data benchmark (20 timed steps). A notebook that
 # fails is listed and makes the script exit non-zero. It records training and in-RAM images/s and the peak memory of
 # every GPU per framework into one results folder (runs/gpu-check-<time>/) and prints them as a table.
@@ -33,12 +34,12 @@ import sys
 
 import pandas as pd
 
-from common import results
+from common import report, results
 
 rows = []
 for record in results.load_all(f"{sys.argv[1]}/results"):
     memory = {device: value["memory_peak_mib"] for device, value in record["device_utilization"].items()}
-    rows.append({"notebook": record["notebook"], "devices": record["devices"], "data": record["data"],
+    rows.append({"notebook": report.label(record), "devices": record["devices"], "data": record["data"],
                  "precision": record["precision"], "images/s": round(record["images_per_second"], 1),
                  "peak MiB per GPU": " ".join(f"{device}:{mib:.0f}" for device, mib in sorted(memory.items()))})
 if rows:
