@@ -64,6 +64,13 @@ def setup_distributed() -> Process:
     return Process(rank, world_size, local_rank, device)
 
 
+def finish_distributed() -> None:
+    """Leave the process group together: a rank that closes its gloo connections while another still uses them
+    can abort that one at exit ("terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def torchrun_command(script, nproc: int, *args: str) -> list[str]:
     """``torchrun --standalone`` for one machine, run by this Python so it uses this environment."""
     return [
