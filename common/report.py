@@ -50,11 +50,16 @@ def summary_table(records: list[dict]) -> pd.DataFrame:
     key = ["notebook", "devices", "device_kind", "precision"]
     trained = frame[frame["data"] != results.IN_RAM].drop_duplicates(key, keep="last")
     in_ram = frame[frame["data"] == results.IN_RAM].drop_duplicates(key, keep="last")
+    shared = ["global_batch", "image_size", "data"]  # a benchmark without a training run describes its own row
     table = trained.rename(columns={"images_per_second": "train_images_per_second"}).merge(
-        in_ram[[*key, "images_per_second"]].rename(columns={"images_per_second": "ram_images_per_second"}),
+        in_ram[[*key, "images_per_second", *shared]].rename(
+            columns={"images_per_second": "ram_images_per_second", **{name: f"ram_{name}" for name in shared}}
+        ),
         on=key,
         how="outer",
     )
+    for name in shared:
+        table[name] = table[name].fillna(table[f"ram_{name}"]) if name in table else table[f"ram_{name}"]
     single = table[table["devices"] == 1].set_index(["notebook", "device_kind", "precision"])["train_images_per_second"]
 
     def efficiency(row) -> float:

@@ -110,6 +110,9 @@ def test_placement_variants_get_rows_and_plots_of_their_own(tmp_path):
         "PyTorch_MultiGPU-Exp-Loss (dp-gather)",
     ]
     assert list(table["train_images_per_second"]) == [70.0, 60.0, 40.0]
+    results.write(record("PyTorch_ModelParallel", devices=2, data=results.IN_RAM, rate=45.0, variant="m=4"), folder)
+    row = report.summary_table(results.load_all(folder)).set_index("notebook").loc["PyTorch_ModelParallel (m=4)"]
+    assert row["global_batch"] == 32 and row["data"] == results.IN_RAM and row["ram_images_per_second"] == 45.0
     built = report.build(folder, tmp_path / "out").read_text()
     for name in ("PyTorch_MultiGPU-Exp-Loss-ddp-2dev", "PyTorch_MultiGPU-Exp-Loss-dp-gather-2dev"):
         assert f"utilization-{name}.png" in built and (tmp_path / "out" / f"utilization-{name}.png").is_file()
