@@ -313,12 +313,6 @@ def independent_process() -> tu.Process:
     return tu.Process(0, 1, local_rank, device)
 
 
-def synchronize(devices) -> None:
-    for device in devices:
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-
-
 def seconds_per_step(step, steps: int, devices, *, together: bool, warmup: int = 2) -> float:
     """Wall seconds per call of ``step()`` over ``steps`` calls, after ``warmup`` untimed ones.
 
@@ -327,13 +321,13 @@ def seconds_per_step(step, steps: int, devices, *, together: bool, warmup: int =
     """
     for _ in range(warmup):
         step()
-    synchronize(devices)
+    tu.synchronize(devices)
     if together:
         dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    synchronize(devices)
+    tu.synchronize(devices)
     if together:
         dist.barrier()
     return (time.perf_counter() - start) / steps
@@ -349,18 +343,18 @@ def paired_times(pipelined, alone, steps: int, devices, warmup: int = 2) -> tupl
     for _ in range(warmup):
         pipelined()
         alone()
-    synchronize(devices)
+    tu.synchronize(devices)
     step_seconds, alone_seconds = [], []
     for _ in range(steps):
         dist.barrier()
         start = time.perf_counter()
         pipelined()
-        synchronize(devices)
+        tu.synchronize(devices)
         dist.barrier()
         step_seconds.append(time.perf_counter() - start)
         start = time.perf_counter()
         alone()
-        synchronize(devices)
+        tu.synchronize(devices)
         alone_seconds.append(time.perf_counter() - start)
     return step_seconds, alone_seconds
 

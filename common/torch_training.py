@@ -42,17 +42,6 @@ def cosine_schedule(optimizer, epochs: int, loader) -> torch.optim.lr_scheduler.
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(loader))
 
 
-def optimizer_step(loss_of, images, labels, optimizer, scaler, precision: str, device) -> torch.Tensor:
-    """One training step; returns the loss without waiting for it (no host sync)."""
-    with tu.autocast(precision, device):
-        loss = loss_of(images, labels)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return loss.detach()
-
-
 def fit(
     loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     loader,
@@ -78,31 +67,13 @@ def fit(
         for images, labels, _ in tqdm(
             loader, desc=description, disable=not process.is_main, mininterval=2, file=sys.stdout
         ):
-            running += optimizer_step(loss_of, images, labels, optimizer, scaler, precision, process.device)
+            running += tu.optimizer_step(loss_of, images, labels, optimizer, scaler, precision, process.device)
             scheduler.step()
         if process.world_size > 1:
             dist.all_reduce(running)  # also waits for every rank, so the timing covers the slowest
         history["epoch_seconds"].append(time.perf_counter() - start)
         history["train_loss"].append(running.item() / process.world_size / len(loader))
     return history
-
-
-def images_per_second(step: Callable[[], object], batch_size: int, steps: int, device) -> float:
-    """Throughput of ``steps`` calls of ``step()``, after two untimed warm-up calls (allocation, cuDNN autotuning)."""
-    for _ in range(2):
-        step()
-    _synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _synchronize(device)
-    return steps * batch_size / (time.perf_counter() - start)
-
-
-def _synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        for index in range(torch.cuda.device_count()):  # DataParallel works on every visible GPU
-            torch.cuda.synchronize(index)
 
 
 def reset_peak_memory(device_indices) -> None:

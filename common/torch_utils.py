@@ -253,6 +253,40 @@ def share_batch_norm_statistics(model: nn.Module, process: Process) -> None:
         buffer.copy_(shared.view_as(buffer))
 
 
+def optimizer_step(loss_of, images, labels, optimizer, scaler, precision: str, device) -> torch.Tensor:
+    """One training step, ``loss_of(images, labels)`` giving the loss; returns it without waiting (no host sync)."""
+    with autocast(precision, device):
+        loss = loss_of(images, labels)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def images_per_second(step, batch_size: int, steps: int, devices) -> float:
+    """Throughput of ``steps`` calls of ``step()``, after two untimed warm-up calls (allocation, cuDNN autotuning).
+
+    ``devices``: every device the step computes on (all GPUs of a DataParallel step), and no other, so the
+    clock stops when their queued work is done without creating a CUDA context on a GPU the step never used.
+    """
+    for _ in range(2):
+        step()
+    synchronize(devices)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(devices)
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def synchronize(devices) -> None:
+    """Wait for the queued work of each CUDA device in ``devices`` (``torch.device``s or GPU indices)."""
+    for device in devices:
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+
 def time_steps(
     model: nn.Module,
     optimizer,
@@ -263,31 +297,18 @@ def time_steps(
     precision: str,
     memory_format: torch.memory_format = torch.contiguous_format,
 ) -> float:
-    """Images per second of ``steps`` training steps on one fixed random batch held in device memory.
-
-    Two warm-up steps are not timed (allocation, cuDNN autotuning).
-    """
+    """Images per second of ``steps`` training steps on one fixed random batch held in device memory."""
     images = torch.randn(batch_size, 3, image_size, image_size, device=device).to(memory_format=memory_format)
     targets = torch.randint(0, 2, (batch_size, NUM_CLASSES), device=device).float()
     loss_fn = nn.BCEWithLogitsLoss()
     scaler = grad_scaler(precision, device)
-    for step in range(steps + 2):
-        if step == 2:
-            _synchronize(device)
-            start = time.perf_counter()
-        with autocast(precision, device):
-            loss = loss_fn(model(images).float(), targets)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-    _synchronize(device)
-    return steps * batch_size / (time.perf_counter() - start)
 
+    def step():
+        return optimizer_step(
+            lambda x, y: loss_fn(model(x).float(), y), images, targets, optimizer, scaler, precision, device
+        )
 
-def _synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+    return images_per_second(step, batch_size, steps, [device])
 
 
 def rng_state(device: torch.device) -> dict:

@@ -1,7 +1,6 @@
 """The shared pieces of the PyTorch experiment notebooks: which placements a machine can measure, the timing helper."""
 
 import pytest
-import torch
 
 from common import devices
 from common import torch_training as tt
@@ -43,9 +42,3 @@ def test_a_requested_subset_runs_in_a_fixed_order_and_the_rest_is_named():
 def test_impossible_requests_are_refused_with_the_fix(requested, hardware, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         tt.choose_placements(requested, hardware)
-
-
-def test_images_per_second_times_only_the_steps_after_two_warm_ups():
-    calls = []
-    rate = tt.images_per_second(lambda: calls.append(1), batch_size=8, steps=5, device=torch.device("cpu"))
-    assert len(calls) == 7 and rate > 0

@@ -104,3 +104,9 @@ def test_a_restored_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_
     assert resumed["scheduler"].last_epoch == 6
     for name, value in uninterrupted["model"].state_dict().items():
         assert torch.equal(resumed["model"].state_dict()[name], value), name
+
+
+def test_images_per_second_times_only_the_steps_after_two_warm_ups():
+    calls = []
+    rate = tu.images_per_second(lambda: calls.append(1), batch_size=8, steps=5, devices=[torch.device("cpu")])
+    assert len(calls) == 7 and rate > 0
