@@ -72,16 +72,8 @@ def finish_distributed() -> None:
 
 
 def torchrun_command(script, nproc: int, *args: str) -> list[str]:
-    """``torchrun --standalone`` for one machine, run by this Python so it uses this environment."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(script),
-        *map(str, args),
-    ]
+    """``torchrun --standalone`` for one machine."""
+    return _torchrun(["--standalone", f"--nproc-per-node={nproc}"], script, args)
 
 
 def torchrun_multinode_command(
@@ -93,18 +85,13 @@ def torchrun_multinode_command(
     nodes agree on their ranks there, so no node needs to be told its own rank. ``run_id`` keeps two
     jobs that share an endpoint apart.
     """
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={nnodes}",
-        f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={run_id}",
-        str(script),
-        *map(str, args),
-    ]
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}"]
+    return _torchrun([f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", *rendezvous], script, args)
+
+
+def _torchrun(options: list[str], script, args) -> list[str]:
+    """``torchrun`` run by this Python, so it uses this environment."""
+    return [sys.executable, "-m", "torch.distributed.run", *options, str(script), *map(str, args)]
 
 
 def weights_fingerprint(model: nn.Module) -> str:
