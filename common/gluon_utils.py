@@ -6,7 +6,9 @@ that the notebook chose (importing this module first imports MXNet with its defa
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import time
 
 import numpy as np
@@ -22,6 +24,8 @@ from mxnet.contrib import amp  # noqa: E402
 from mxnet.gluon.model_zoo import vision  # noqa: E402
 
 KVSTORES = ("local", "device", "nccl")
+# MXNet's parameter server: a scheduler, servers that hold the weights and run the optimizer, workers that compute
+DIST_KVSTORES = ("dist_sync", "dist_device_sync")
 
 
 def contexts(hardware: devices.Devices) -> list:
@@ -36,15 +40,49 @@ def contexts(hardware: devices.Devices) -> list:
     return [mx.gpu(i) for i in range(hardware.count)]
 
 
-def check_kvstore(kvstore: str | None, device_kind: str) -> str:
-    """``None`` picks ``device`` on GPUs (gradients summed on the GPUs) and ``local`` on CPUs."""
+def check_kvstore(kvstore: str | None, device_kind: str, checkpoint_dir=None) -> str:
+    """``None`` picks ``device`` on GPUs (gradients summed on the GPUs) and ``local`` on CPUs.
+
+    A ``dist_*`` kvstore needs this process to be a worker of a parameter-server cluster (``DMLC_*`` variables);
+    its servers hold Adam's state, which ``trainer.save_states`` cannot save, so it refuses ``CHECKPOINT_DIR``.
+    """
     if kvstore is None:
         return "device" if device_kind == "gpu" else "local"
-    if kvstore not in KVSTORES:
-        raise InputError(f"KVSTORE must be one of {', '.join(KVSTORES)} or None, not {kvstore!r}.")
-    if kvstore == "nccl" and device_kind != "gpu":
-        raise InputError("KVSTORE='nccl' needs GPUs: use 'local' or None on a CPU.")
+    if kvstore not in KVSTORES + DIST_KVSTORES:
+        raise InputError(f"KVSTORE must be one of {', '.join(KVSTORES + DIST_KVSTORES)} or None, not {kvstore!r}.")
+    if kvstore in ("nccl", "dist_device_sync") and device_kind != "gpu":
+        raise InputError(f"KVSTORE={kvstore!r} needs GPUs: use 'local' or None on a CPU ('dist_sync' across machines).")
+    if kvstore in DIST_KVSTORES:
+        if os.environ.get("DMLC_ROLE") != "worker":
+            raise InputError(
+                f"KVSTORE={kvstore!r} trains on a parameter-server cluster: start a scheduler and the servers "
+                "(DMLC_ROLE=scheduler or server python -m common.mxnet_import), then this notebook with "
+                "DMLC_ROLE=worker, all with DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER and DMLC_NUM_WORKER "
+                "set. The README's 'More than one machine' gives the commands; on one machine use KVSTORE=None."
+            )
+        if checkpoint_dir is not None:
+            raise InputError(
+                f"CHECKPOINT_DIR with KVSTORE={kvstore!r} is not supported: the servers hold the optimizer's state, "
+                "which the workers cannot save. Leave CHECKPOINT_DIR=None, or checkpoint a run on one machine."
+            )
     return kvstore
+
+
+def create_kvstore(kvstore: str):
+    """``(kvstore for the Trainer, this worker's rank, number of workers)``.
+
+    The kvstores of one machine are left to the Trainer to create (``(kvstore, 0, 1)``). A ``dist_*`` kvstore is
+    created here: creating it joins the cluster (it waits for every node), which tells the worker its rank.
+    """
+    if kvstore not in DIST_KVSTORES:
+        return kvstore, 0, 1
+    kv = mx.kv.create(kvstore)
+    # The Trainer starts by broadcasting every parameter onto itself (worker 0 pushes its weights, every worker pulls
+    # into the same arrays). With MXNet 1.9.1's dist kvstore that aborted the server in our runs ("init <key> first",
+    # every run with DenseNet-121); broadcasting from a copy never did.
+    broadcast = kv.broadcast
+    kv.broadcast = lambda key, value, out, priority=0: broadcast(key, value.copy(), out, priority=priority)
+    return kv, kv.rank, kv.num_workers
 
 
 def set_precision(precision: str, device_kind: str) -> str:
@@ -111,7 +149,9 @@ def share_batch_norm_statistics(net: gluon.Block, ctx: list) -> None:
     would depend on the device that scores it.
     """
     for param in net.collect_params(".*running_mean|.*running_var").values():
-        param.set_data(param.data(ctx[0]))
+        # copied array by array: Parameter.set_data would reset a trainer's kvstore, which a dist kvstore refuses
+        for array in param.list_data()[1:]:
+            param.data(ctx[0]).copyto(array)
 
 
 def recompute_batch_norm_statistics(net: gluon.HybridBlock, data, batches: int, ctx: list) -> None:
@@ -147,6 +187,19 @@ def predict_all(net: gluon.Block, data, ctx: list) -> tuple[np.ndarray, np.ndarr
         scores.append(mx.nd.concat(*[net(x).astype("float32").sigmoid().as_in_context(mx.cpu()) for x in parts], dim=0))
         labels.append(targets)
     return mx.nd.concat(*labels, dim=0).asnumpy(), mx.nd.concat(*scores, dim=0).asnumpy()
+
+
+def weights_fingerprint(net: gluon.Block) -> str:
+    """sha256 of every parameter (BatchNorm statistics included) on the first context, by name.
+
+    Workers that hold identical weights print identical fingerprints: the proof that a multi-machine run kept
+    every copy in step.
+    """
+    digest = hashlib.sha256()
+    for name, param in sorted(net.collect_params().items()):
+        digest.update(name.encode())
+        digest.update(param.data().asnumpy().tobytes())
+    return digest.hexdigest()
 
 
 def time_steps(train_step, batch_size: int, image_size: int, steps: int) -> float:
@@ -194,10 +247,15 @@ class ChestXrayDataset(gluon.data.Dataset):
 
 
 class EpochBatchSampler:
-    """Shuffled batches of dataset keys, a new order each epoch; the keys carry the epoch (see the dataset)."""
+    """Shuffled batches of dataset keys, a new order each epoch; the keys carry the epoch (see the dataset).
 
-    def __init__(self, length: int, batch_size: int, seed: int = 0):
+    ``part=(index, parts)`` yields only part ``index`` of ``parts`` equal parts of every batch: each worker of a
+    multi-machine run reads its own share of the same global batches.
+    """
+
+    def __init__(self, length: int, batch_size: int, seed: int = 0, part: tuple[int, int] = (0, 1)):
         self.length, self.batch_size, self.seed, self.epoch = length, batch_size, seed, 0
+        self.part = part
 
     def __len__(self) -> int:
         return self.length // self.batch_size  # the last partial batch is dropped: every step has the global batch
@@ -205,22 +263,34 @@ class EpochBatchSampler:
     def __iter__(self):
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.length) + self.epoch * self.length
         self.epoch += 1
+        index, parts = self.part
         for step in range(len(self)):
-            yield order[step * self.batch_size : (step + 1) * self.batch_size].tolist()
+            batch = order[step * self.batch_size : (step + 1) * self.batch_size]
+            yield np.array_split(batch, parts)[index].tolist()
 
 
-def loader(split, image_size: int, batch_size: int, training: bool, workers: int, seed: int = 0):
+def loader(
+    split,
+    image_size: int,
+    batch_size: int,
+    training: bool,
+    workers: int,
+    seed: int = 0,
+    part: tuple[int, int] = (0, 1),
+    processes: bool = True,
+):
     """A Gluon ``DataLoader`` over a :class:`common.chestxray.Split` that decodes in ``workers`` processes.
 
-    Training batches have the global batch (the training step splits them over the devices);
-    evaluation keeps every image exactly once, in order.
+    Training batches have the global batch, or its part ``part`` (see :class:`EpochBatchSampler`); the training
+    step splits them over the devices. Evaluation keeps every image exactly once, in order. ``processes=False``
+    decodes in threads instead: a worker of a parameter-server cluster must not fork its network connections.
     """
     data = ChestXrayDataset(split, image_size, training, seed)
     if training:
-        batching = dict(batch_sampler=EpochBatchSampler(len(data), batch_size, seed))
+        batching = dict(batch_sampler=EpochBatchSampler(len(data), batch_size, seed, part))
     else:
         batching = dict(batch_size=batch_size, shuffle=False, last_batch="keep")
-    return gluon.data.DataLoader(data, num_workers=workers, thread_pool=False, **batching)
+    return gluon.data.DataLoader(data, num_workers=workers, thread_pool=not processes, **batching)
 
 
 def save_checkpoint(net, trainer, folder, epoch: int, settings: dict, history: dict) -> None:

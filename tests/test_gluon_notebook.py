@@ -12,3 +12,8 @@ class TestGluonNotebook(NotebookContract):
 
     def test_unknown_kvstore_is_refused(self, notebook_data, tmp_path):
         assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, {"KVSTORE": "dist"}, "KVSTORE must be")
+
+    def test_dist_kvstore_without_a_cluster_is_refused(self, notebook_data, tmp_path):
+        # tests/test_multinode.py runs dist_sync on a scheduler, a server and two workers
+        parameters = {"KVSTORE": "dist_sync"}
+        assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, parameters, "parameter-server cluster")

@@ -150,6 +150,13 @@ def test_sampler_reshuffles_each_epoch_and_drops_the_partial_batch():
     assert list(gu.EpochBatchSampler(10, 4, seed=0)) == first
 
 
+def test_sampler_parts_split_every_global_batch_between_the_workers():
+    whole = list(gu.EpochBatchSampler(12, 6, seed=3))
+    parts = [list(gu.EpochBatchSampler(12, 6, seed=3, part=(index, 2))) for index in (0, 1)]
+    assert all(len(batch) == 3 for part in parts for batch in part)
+    assert [first + second for first, second in zip(*parts)] == whole, "the parts of a step make its global batch"
+
+
 def test_gpu_contexts_need_the_cuda_build():
     gpus = devices.resolve(None, gpus=["NVIDIA H200"])
     with pytest.raises(InputError, match="make setup GPU=1"):
@@ -163,6 +170,19 @@ def test_kvstore_choice():
         gu.check_kvstore("dist", "cpu")
     with pytest.raises(InputError, match="needs GPUs"):
         gu.check_kvstore("nccl", "cpu")
+
+
+def test_dist_kvstore_needs_a_cluster_and_refuses_checkpoints(monkeypatch):
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    with pytest.raises(InputError, match="DMLC_ROLE=worker"):
+        gu.check_kvstore("dist_sync", "cpu")
+    with pytest.raises(InputError, match="needs GPUs"):
+        gu.check_kvstore("dist_device_sync", "cpu")
+    monkeypatch.setenv("DMLC_ROLE", "worker")
+    assert gu.check_kvstore("dist_sync", "cpu") == "dist_sync"
+    with pytest.raises(InputError, match="CHECKPOINT_DIR with KVSTORE='dist_sync'"):
+        gu.check_kvstore("dist_sync", "cpu", checkpoint_dir="checkpoints")
+    assert gu.create_kvstore("local") == ("local", 0, 1), "one machine: the Trainer creates its kvstore"
 
 
 def test_time_steps_counts_images():

@@ -94,6 +94,41 @@ def test_tensorflow_two_workers_with_tf_config(notebook_data, tmp_path, cluster)
     assert np.isclose(records["generated"]["test_auc"], reports[0][2])
 
 
+def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, cluster):
+    # one scheduler and one server (on host1 in a real run) and two workers, each a notebook, as on two hosts
+    roles = {
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": str(multinode.free_port()),
+        "DMLC_NUM_SERVER": "1",
+        "DMLC_NUM_WORKER": "2",
+    }
+    node = [sys.executable, "-m", "common.mxnet_import"]
+    started = [
+        cluster.start("MXNet scheduler", node, env={**roles, "DMLC_ROLE": "scheduler"}),
+        cluster.start("MXNet server", node, env={**roles, "DMLC_ROLE": "server", "OMP_NUM_THREADS": "1"}),
+    ]
+    for index in (0, 1):  # each worker has its own results folder, as two machines have their own disks
+        parameters = dict(TINY, DATA_DIR=str(notebook_data), RESULTS_DIR=str(tmp_path / f"worker{index}" / "results"))
+        command = papermill_command(
+            "Gluon_MultiGPU", tmp_path / f"worker{index}.ipynb", KVSTORE="dist_sync", DEVICES=1, **parameters
+        )
+        worker_env = {**roles, "DMLC_ROLE": "worker"}
+        started.append(cluster.start(f"MXNet worker {index} (papermill)", command, env=worker_env))
+    cluster.check(started[2:], LAUNCH_TIMEOUT)
+    cluster.check(started[:2], 30)  # the scheduler and the server exit when the workers leave
+
+    reports = rank_reports(*(node.output for node in started[2:]))
+    assert sorted(reports) == [0, 1], f"workers that reported: {sorted(reports)}"
+    # the train loss is each worker's own part of the batches; the weights and the test must agree
+    (digest, _, auc), (other_digest, _, other_auc) = reports[0], reports[1]
+    assert digest == other_digest and auc == other_auc, f"the workers disagree: {reports}"
+    written = [list((tmp_path / f"worker{index}" / "results").glob("*.json")) for index in (0, 1)]
+    assert sorted(map(len, written)) == [0, 2], f"records written: {written}: worker 0 alone writes them"
+    records = {record["data"]: record for record in map(json.loads, (p.read_text() for p in written[0] + written[1]))}
+    assert records["generated"]["devices"] == 2 and records["generated"]["kvstore"] == "dist_sync"
+    assert np.isclose(records["generated"]["test_auc"], auc)
+
+
 def test_keras_fit_under_multi_worker_fails_as_documented(tmp_path, cluster):
     """The Keras notebook refuses STRATEGY="multi_worker" because model.fit fails there: hold that to the truth."""
     script = Path(__file__).with_name("keras_multi_worker_fit.py")
