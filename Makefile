@@ -3,7 +3,6 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-KERNEL := multigpu-notebooks
 # GPU=1 forces the CUDA builds, GPU=0 the CPU ones; by default nvidia-smi decides.
 GPU ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1 || echo 0)
 STAMP := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
@@ -22,7 +21,7 @@ ifeq ($(GPU),1)
 	$(PY) -m pip install -r requirements-gpu.txt
 endif
 	$(PY) -m pip install --no-deps --no-build-isolation -e .
-	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python 3 ($(KERNEL))"
+	$(PY) -m common.kernel
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # DATA_DIR=/path/to/chestxray14 make run  uses the real data; extra options: RUN_ARGS="--devices 1 2 4"
@@ -38,6 +37,7 @@ lab: setup
 lint: setup
 	$(VENV)/bin/ruff check common tests notebooks
 	$(VENV)/bin/ruff format --check common tests
+	$(PY) tests/notebook_repeats.py
 
 # Prints the figures and writes them into README.md's bench-loader block.
 bench-loader: setup

@@ -7,7 +7,6 @@ itself is imported through :mod:`common.chainer_import`, which makes it importab
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import shutil
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import checkpoints, devices, image_transforms
+from common import checkpoints, devices, image_transforms, protocol
 from common.chainer_import import chainer, chainermn
 from common.devices import threads_per_device
 from common.errors import InputError
@@ -137,18 +136,11 @@ def mpiexec_hosts_command(script, hosts: list[str], nproc_per_host: int, *args) 
 
 
 def weights_fingerprint(model: chainer.Link) -> str:
-    """sha256 of every parameter and persistent value (BatchNorm statistics included), by name.
-
-    Ranks that hold identical weights print identical fingerprints: a cheap proof that ChainerMN kept
-    every copy in step, on one machine or across several.
-    """
+    """:func:`common.protocol.fingerprint` of every parameter and persistent value (BatchNorm statistics included)."""
     serializer = chainer.serializers.DictionarySerializer()
     serializer.save(model)
-    digest = hashlib.sha256()
-    for name in sorted(serializer.target):
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(chainer.backend.CpuDevice().send(serializer.target[name])).tobytes())
-    return digest.hexdigest()
+    cpu = chainer.backend.CpuDevice()
+    return protocol.fingerprint((name, cpu.send(serializer.target[name])) for name in sorted(serializer.target))
 
 
 def launch_env(nproc: int) -> dict[str, str]:
@@ -422,24 +414,33 @@ def sigmoid_loss(logits, labels):
     return F.sigmoid_cross_entropy(F.cast(logits, np.float32), labels, normalize=True, reduce="mean")
 
 
-def time_steps(model, optimizer, batch_size: int, image_size: int, steps: int, device, dtype=np.float32) -> float:
-    """Images per second of ``steps`` training steps on one fixed random batch held in device memory.
+def time_steps(
+    model, optimizer, batch_size: int, image_size: int, steps: int, device, comm, dtype=np.float32, phases=None
+) -> float:
+    """Images per second of all ranks together: ``steps`` training steps on one fixed random batch held in device
+    memory, ``batch_size`` images on each of ``comm``'s ranks (the multi-node optimizer keeps their steps in step).
 
-    Two warm-up steps are not timed (memory allocation, kernel compilation on GPUs).
+    Two warm-up steps are not timed (memory allocation, kernel compilation on GPUs); ``phases`` (a
+    :class:`common.phases.Phases`) gets them and the timed steps.
     """
     rng = np.random.default_rng(0)
     images = device.send(rng.standard_normal((batch_size, 3, image_size, image_size), np.float32).astype(dtype))
     labels = device.send(rng.integers(0, 2, (batch_size, NUM_CLASSES)).astype(np.int32))
+    warmup = time.time()
     for step in range(steps + 2):
         if step == 2:
             synchronize(device)
-            start = time.perf_counter()
+            start, timed = time.time(), time.perf_counter()
         optimizer.update(lambda: sigmoid_loss(model(images), labels))
     synchronize(device)
-    return steps * batch_size / (time.perf_counter() - start)
+    seconds = time.perf_counter() - timed
+    if phases is not None:
+        phases.add("benchmark warm-up", warmup, start)
+        phases.add("benchmark", start, start + seconds)
+    return steps * batch_size * comm.size / seconds
 
 
-def save_checkpoint(model, optimizer, comm, folder, epoch: int, settings: dict, history: dict) -> None:
+def save_checkpoint(folder, epoch: int, settings: dict, history: dict, model, optimizer, comm) -> None:
     """Rank 0 writes the weights (BatchNorm statistics included) and Adam's state; every rank waits until it is done.
 
     The ranks hold the same weights, and their BatchNorm statistics were averaged before validation.
@@ -455,9 +456,8 @@ def save_checkpoint(model, optimizer, comm, folder, epoch: int, settings: dict, 
     comm.mpi_comm.Barrier()  # no rank runs ahead of a checkpoint that a kill could still lose
 
 
-def load_checkpoint(state, model, optimizer) -> tuple[int, dict]:
+def load_checkpoint(checkpoint: checkpoints.Checkpoint, model, optimizer) -> tuple[int, dict]:
     """Every rank loads what :func:`save_checkpoint` wrote; returns the epochs finished and the history so far."""
-    checkpoint = checkpoints.of_state(state)
     chainer.serializers.load_npz(str(checkpoint.state / "model.npz"), model)
     chainer.serializers.load_npz(str(checkpoint.state / "optimizer.npz"), optimizer)
     return checkpoint.epoch, checkpoint.history

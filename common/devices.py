@@ -22,6 +22,7 @@ class Devices:
     count: int  # how many this run uses
     available: int  # how many exist (for "cpu": one per core)
     names: tuple[str, ...]  # one per used device
+    memory_gib: float | None = None  # the smallest total memory of the used GPUs; None for simulated devices
 
     @property
     def simulated(self) -> bool:
@@ -38,6 +39,11 @@ class Devices:
 
 def gpu_names(nvml=None) -> list[str]:
     """Names of the NVIDIA GPUs that NVML reports; empty without a driver or GPU."""
+    return [name for name, _ in gpus(nvml)]
+
+
+def gpus(nvml=None) -> list[tuple[str, float]]:
+    """``(name, total memory in GiB)`` of each NVIDIA GPU that NVML reports; empty without a driver or GPU."""
     if nvml is None:
         try:
             import pynvml as nvml
@@ -48,34 +54,41 @@ def gpu_names(nvml=None) -> list[str]:
     except Exception:  # no driver or no GPU: NVML raises its own NVMLError types
         return []
     try:
-        names = []
+        found = []
         for index in range(nvml.nvmlDeviceGetCount()):
-            name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(index))
-            names.append(name.decode() if isinstance(name, bytes) else name)
-        return names
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = nvml.nvmlDeviceGetName(handle)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
+            found.append((name.decode() if isinstance(name, bytes) else name, memory))
+        return found
     finally:
         nvml.nvmlShutdown()
 
 
 def visible_gpu_names(nvml=None) -> list[str]:
-    """GPU names as CUDA sees them through ``CUDA_VISIBLE_DEVICES``.
+    """GPU names as CUDA sees them through ``CUDA_VISIBLE_DEVICES``."""
+    return [name for name, _ in visible_gpus(nvml)]
+
+
+def visible_gpus(nvml=None) -> list[tuple[str, float]]:
+    """:func:`gpus` as CUDA sees them through ``CUDA_VISIBLE_DEVICES``.
 
     Like CUDA, the list is read up to its first invalid entry: ``-1`` (or an
     out-of-range index) hides every GPU after it. UUIDs are trusted by count.
     """
-    names = gpu_names(nvml)
+    found = gpus(nvml)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None or not names:
-        return names
+    if visible is None or not found:
+        return found
     picked = []
     for item in (part.strip() for part in visible.split(",")):
         if item.startswith(("GPU-", "MIG-")):
-            if len(picked) < len(names):
-                picked.append(names[len(picked)])
+            if len(picked) < len(found):
+                picked.append(found[len(picked)])
             continue
-        if not item.isdigit() or int(item) >= len(names):
+        if not item.isdigit() or int(item) >= len(found):
             break
-        picked.append(names[int(item)])
+        picked.append(found[int(item)])
     return picked
 
 
@@ -91,21 +104,37 @@ def threads_per_device(count: int, cores: int | None = None) -> int:
     return max(1, (cores or cpu_cores()) // max(1, count))
 
 
-def loader_workers(devices: int, device_kind: str) -> int:
-    """Decode processes per training process: one beside simulated CPU devices, which already share the cores."""
+def loader_workers(device_kind: str, devices: int, processes: int | None = None) -> int:
+    """Decode processes (or threads) per training process, the one rule of every framework.
+
+    Simulated CPU devices already share the cores: one each. On GPUs the cores are shared among the ``processes``
+    that train (one per device unless one process drives them all, as Gluon's does), each keeping a core for its
+    own work, and at most 8 per device it drives: beyond that a GPU waits for nothing more.
+    """
     if device_kind == "cpu":
         return 1
-    return max(1, min(8, threads_per_device(devices) - 1))
+    processes = devices if processes is None else processes
+    return max(1, min(8 * max(1, devices // processes), cpu_cores() // processes - 1))
 
 
-def resolve(requested: int | None = None, *, gpus: list[str] | None = None, cores: int | None = None) -> Devices:
+def resolve(
+    requested: int | None = None,
+    *,
+    gpus: list[str] | None = None,
+    cores: int | None = None,
+    memory_gib: float | None = None,
+) -> Devices:
     """Resolve the ``DEVICES`` parameter; ``None`` means all GPUs (or 2 simulated CPU devices).
 
-    ``gpus`` and ``cores`` override discovery (tests, or a forced CPU run).
+    ``gpus`` (names), ``memory_gib`` (of each) and ``cores`` override discovery (tests, or a forced CPU run).
     """
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
         raise InputError(f"DEVICES must be a positive integer or None (all devices), got {requested!r}.")
-    gpus = visible_gpu_names() if gpus is None else gpus
+    if gpus is None:
+        found = visible_gpus()
+        gpus, memory = [name for name, _ in found], [gib for _, gib in found]
+    else:
+        memory = [memory_gib] * len(gpus)
     if gpus:
         count = len(gpus) if requested is None else requested
         if count > len(gpus):
@@ -113,7 +142,8 @@ def resolve(requested: int | None = None, *, gpus: list[str] | None = None, core
                 f"DEVICES={requested} but this machine has {len(gpus)} GPU(s) ({', '.join(gpus)}): "
                 f"set DEVICES to at most {len(gpus)}, or None to use them all."
             )
-        return Devices("gpu", count, len(gpus), tuple(gpus[:count]))
+        smallest = min(memory[:count]) if None not in memory[:count] else None
+        return Devices("gpu", count, len(gpus), tuple(gpus[:count]), smallest)
     cores = cores or cpu_cores()
     count = min(CPU_DEFAULT_DEVICES, cores) if requested is None else requested
     if count > cores:

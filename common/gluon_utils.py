@@ -6,14 +6,13 @@ that the notebook chose (importing this module first imports MXNet with its defa
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import time
 
 import numpy as np
 
-from common import checkpoints, devices, image_transforms
+from common import checkpoints, devices, image_transforms, protocol
 from common.errors import InputError
 from common.mxnet_import import load
 from common.params import NUM_CLASSES
@@ -190,39 +189,32 @@ def predict_all(net: gluon.Block, data, ctx: list) -> tuple[np.ndarray, np.ndarr
 
 
 def weights_fingerprint(net: gluon.Block) -> str:
-    """sha256 of every parameter (BatchNorm statistics included) on the first context, by name.
+    """:func:`common.protocol.fingerprint` of every parameter (BatchNorm statistics included) on the first context."""
+    return protocol.fingerprint((name, param.data().asnumpy()) for name, param in sorted(net.collect_params().items()))
 
-    Workers that hold identical weights print identical fingerprints: the proof that a multi-machine run kept
-    every copy in step.
+
+def time_steps(train_step, global_batch: int, image_size: int, steps: int, workers: int = 1, phases=None) -> float:
+    """Images per second of all workers together: ``steps`` calls of ``train_step(images, labels)`` on one fixed
+    random batch, this worker's ``global_batch // workers`` images (the workers' steps are synchronized).
+
+    Two warm-up steps are not timed (graph building, memory allocation); ``phases`` (a
+    :class:`common.phases.Phases`) gets them and the timed steps.
     """
-    digest = hashlib.sha256()
-    for name, param in sorted(net.collect_params().items()):
-        digest.update(name.encode())
-        digest.update(param.data().asnumpy().tobytes())
-    return digest.hexdigest()
-
-
-def time_steps(train_step, batch_size: int, image_size: int, steps: int) -> float:
-    """Images per second of ``steps`` calls of ``train_step(images, labels)`` on one fixed random batch.
-
-    Two warm-up steps are not timed (graph building, memory allocation).
-    """
+    batch_size = global_batch // workers
     images = mx.nd.random.normal(shape=(batch_size, 3, image_size, image_size))
     labels = mx.nd.random.randint(0, 2, shape=(batch_size, NUM_CLASSES)).astype("float32")
+    warmup = time.time()
     for step in range(steps + 2):
         if step == 2:
             mx.nd.waitall()
-            start = time.perf_counter()
+            start, timed = time.time(), time.perf_counter()
         train_step(images, labels)
     mx.nd.waitall()
-    return steps * batch_size / (time.perf_counter() - start)
-
-
-def loader_workers(hardware: devices.Devices) -> int:
-    """Decode processes: one beside simulated CPU devices, which already share the cores; more for GPUs."""
-    if hardware.kind == "cpu":
-        return 1
-    return max(1, min(4 * hardware.count, devices.cpu_cores() - 1))
+    seconds = time.perf_counter() - timed
+    if phases is not None:
+        phases.add("benchmark warm-up", warmup, start)
+        phases.add("benchmark", start, start + seconds)
+    return steps * global_batch / seconds
 
 
 class ChestXrayDataset(gluon.data.Dataset):
@@ -293,7 +285,7 @@ def loader(
     return gluon.data.DataLoader(data, num_workers=workers, thread_pool=not processes, **batching)
 
 
-def save_checkpoint(net, trainer, folder, epoch: int, settings: dict, history: dict) -> None:
+def save_checkpoint(folder, epoch: int, settings: dict, history: dict, net, trainer) -> None:
     """The parameters and the trainer's state (Adam's moments, its update count and so the schedule) in one folder."""
 
     def write(path):
@@ -304,8 +296,8 @@ def save_checkpoint(net, trainer, folder, epoch: int, settings: dict, history: d
     checkpoints.save(folder, epoch, ".gluon", write, settings, history)
 
 
-def restore_checkpoint(net, trainer, checkpoint: checkpoints.Checkpoint, contexts: list) -> int:
-    """Load what :func:`save_checkpoint` wrote onto every context; returns the epochs it finished."""
+def load_checkpoint(checkpoint: checkpoints.Checkpoint, net, trainer, contexts: list) -> tuple[int, dict]:
+    """Load what :func:`save_checkpoint` wrote onto every context; returns the epochs finished and the history."""
     net.load_parameters(str(checkpoint.state / "model.params"), ctx=contexts)
     trainer.load_states(str(checkpoint.state / "trainer.states"))
-    return checkpoint.epoch
+    return checkpoint.epoch, checkpoint.history

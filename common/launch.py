@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
 
 
@@ -14,13 +15,16 @@ class LaunchError(RuntimeError):
     """A launched training command exited with an error (any rank failing fails the launch)."""
 
 
-def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_lines: int = 30) -> None:
+def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_lines: int = 30) -> tuple[float, float]:
     """Run ``command``, echo its output as it arrives, raise :class:`LaunchError` on a non-zero exit.
+
+    Returns when it started and when it had exited (Unix seconds), for :meth:`common.phases.Phases.add_launched`.
 
     Output is copied in raw chunks rather than lines, so progress bars that
     redraw with carriage returns stay on one line in Jupyter. Interrupting the
     cell stops the whole process group, workers included.
     """
+    started = time.time()
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -52,6 +56,7 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
             f"{os.path.basename(command[0])} {' '.join(command[1:3])} ... exited with code {code}; "
             f"its last lines:\n" + "\n".join(line for line in tail if line.strip())
         )
+    return started, time.time()
 
 
 def _stop(process: subprocess.Popen) -> None:

@@ -7,6 +7,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from common.params import FINDINGS
@@ -48,6 +49,11 @@ def roc_auc(y_true, y_score, class_names=FINDINGS) -> AUC:
             stacklevel=2,
         )
     return AUC(per_class, float(np.mean(defined)) if defined else math.nan)
+
+
+def auc_table(auc: AUC, name: str = "test AUC") -> pd.DataFrame:
+    """The AUC of each finding as one row, rounded for reading (undefined findings empty)."""
+    return pd.Series(auc.per_class, name=name, dtype=float).to_frame().T.round(3)
 
 
 def images_per_second(images_per_epoch: int, epoch_seconds) -> float:

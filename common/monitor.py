@@ -14,6 +14,8 @@ import time
 import pandas as pd
 import psutil
 
+from common import plots
+
 COLUMNS = ("seconds", "device", "utilization_percent", "memory_mib")
 
 
@@ -76,13 +78,36 @@ def default_backend():
     return CPUBackend()
 
 
-class Monitor:
+class Samples:
+    """What a :class:`Monitor` recorded: ``frame()``, ``summary()``, ``plot()``, and ``window()`` for part of it."""
+
+    def __init__(self, rows: list[tuple] | None = None, started: float | None = None):
+        self.rows: list[tuple] = rows if rows is not None else []
+        self.started = started  # Unix seconds: puts the samples on the time axis of common.phases
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(COLUMNS))
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return summarize(self.frame())
+
+    def plot(self, title: str = "", phases=None):
+        """Utilization and memory over time, with the run's phases (a :class:`common.phases.Phases`) behind them."""
+        return plots.utilization(self.frame(), title, phases.rows() if phases is not None else None, self.started)
+
+    def window(self, start: float, end: float) -> Samples:
+        """The samples taken from ``start`` to ``end`` (Unix seconds), for one part of what was monitored."""
+        begin, stop = start - self.started, end - self.started
+        return Samples([row for row in self.rows if begin <= row[0] <= stop], self.started)
+
+
+class Monitor(Samples):
     """``with Monitor() as monitor: train()``, then ``monitor.frame()``, ``summary()``, ``plot()``."""
 
     def __init__(self, interval: float = 0.5, backend=None):
+        super().__init__()
         self.interval = interval
         self.backend = backend or default_backend()
-        self.rows: list[tuple] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -92,6 +117,7 @@ class Monitor:
 
     def _run(self) -> None:
         start = time.perf_counter()
+        self.started = time.time()
         while True:
             now = time.perf_counter() - start
             self.rows.extend((now, *row) for row in self.backend.sample())
@@ -116,15 +142,6 @@ class Monitor:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(COLUMNS))
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        return summarize(self.frame())
-
-    def plot(self, title: str = ""):
-        return plot(self.frame(), title)
-
 
 def summarize(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Mean utilization and peak memory of each device."""
@@ -136,22 +153,3 @@ def summarize(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
         }
         for device, group in grouped
     }
-
-
-def plot(frame: pd.DataFrame, title: str = ""):
-    """Utilization (top) and memory (bottom) of each device over time; returns the figure."""
-    import matplotlib.pyplot as plt
-
-    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 4.5))
-    for device, group in frame.groupby("device"):
-        top.plot(group["seconds"], group["utilization_percent"], label=device)
-        bottom.plot(group["seconds"], group["memory_mib"], label=device)
-    top.set_ylabel("utilization %")
-    top.set_ylim(0, 105)
-    bottom.set_ylabel("memory MiB")
-    bottom.set_xlabel("seconds")
-    top.legend(loc="upper right", fontsize="small")
-    if title:
-        top.set_title(title)
-    figure.tight_layout()
-    return figure

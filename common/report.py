@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from common import results
-from common.monitor import plot as plot_utilization
+from common import phases, plots, results
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 COLUMNS = {
@@ -139,13 +138,61 @@ def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
         samples = Path(record["path"]).parent / record["utilization_csv"]
         if not samples.is_file():
             continue
-        figure = plot_utilization(pd.read_csv(samples), f"{label(record)} on {record['devices']} device(s)")
+        title = f"{label(record)} on {record['devices']} device(s)"
+        figure = plots.utilization(pd.read_csv(samples), title, record.get("phases"), record.get("utilization_started"))
         name = re.sub(r"[^\w.=-]+", "-", label(record)).strip("-")
         path = out_dir / f"utilization-{name}-{record['devices']}dev.png"
         figure.savefig(path, dpi=100)
         plt.close(figure)
         paths.append(path)
     return paths
+
+
+def phase_table(records: list[dict]) -> pd.DataFrame:
+    """Seconds per phase of the newest training run of each notebook and device count (the variants of one notebook
+    run share its phases), and the share of the run spent in training steps."""
+    newest = {}
+    for record in records:
+        if record["data"] != results.IN_RAM and record.get("phases"):
+            newest[(record["notebook"], record["devices"])] = record
+    rows = {}
+    for (notebook, devices), record in sorted(newest.items()):
+        table = phases.table(record["phases"])
+        row = table["seconds"].to_dict()
+        row["steps share"] = row.get("train", 0.0) / table["seconds"].sum()
+        rows[f"{notebook} ({devices} dev)"] = row
+    columns = [name for name in [*phases.ORDER, phases.BETWEEN] if any(name in row for row in rows.values())]
+    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=[*columns, "steps share"])
+
+
+def phases_markdown(table: pd.DataFrame) -> str:
+    """The phase table as GitHub markdown: seconds per phase, the steps' share as a percentage."""
+    lines = ["| run | " + " | ".join(table.columns) + " |", "|---|" + "---|" * len(table.columns)]
+    for run, row in table.iterrows():
+        cells = [
+            "–" if pd.isna(value) else (f"{value:.0%}" if column == "steps share" else f"{value:,.1f}")
+            for column, value in row.items()
+        ]
+        lines.append(f"| {run} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_phases(table: pd.DataFrame, path: Path) -> Path:
+    """One stacked bar per run: where its wall-clock seconds went, phase by phase."""
+    import matplotlib.pyplot as plt
+
+    seconds = table.drop(columns="steps share").fillna(0.0).iloc[::-1]
+    figure, axis = plt.subplots(figsize=(9, 0.4 * len(seconds) + 1.5))
+    left = pd.Series(0.0, index=seconds.index)
+    for name in seconds.columns:
+        axis.barh(seconds.index, seconds[name], left=left, color=plots.PHASE_COLOURS[name], label=name)
+        left += seconds[name]
+    axis.set(xlabel="seconds (wall clock)", title="Where each notebook run's time went")
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
 
 
 def build(results_dir, out_dir) -> Path:
@@ -165,6 +212,10 @@ def build(results_dir, out_dir) -> Path:
     ]
     if len(table):
         lines += [f"![throughput]({plot_throughput(table, out_dir / 'throughput.png').name})", ""]
+    spent = phase_table(records)
+    if len(spent):
+        lines += ["## Where the time went", "", phases_section(spent), ""]
+        lines += [f"![phases]({plot_phases(spent, out_dir / 'phases.png').name})", ""]
     for path in plot_utilizations(list(newest.values()), out_dir):
         lines += [f"![{path.stem}]({path.name})", ""]
     report = out_dir / "report.md"
@@ -177,6 +228,14 @@ def table_section(table: pd.DataFrame) -> str:
         to_markdown(table)
         + "\n\n*train img/s*: training on the data set, first epoch left out; *in-RAM img/s*: the same step on one"
         " random batch held in device memory; *scaling*: train img/s over devices x the one-device figure."
+    )
+
+
+def phases_section(table: pd.DataFrame) -> str:
+    return (
+        phases_markdown(table)
+        + "\n\nSeconds of each phase (`common.phases`: repeated phases summed over the epochs); *steps share*: the"
+        " training steps' share of the run, the part that uses the devices for what the run is for."
     )
 
 

@@ -14,6 +14,7 @@ import tempfile
 import uuid
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -21,27 +22,30 @@ from common.errors import InputError
 
 IN_RAM = "synthetic-in-RAM"  # the benchmark on one random batch held in device memory
 DATA_KINDS = ("real", "generated", IN_RAM)
-REQUIRED = (
-    "framework",
-    "notebook",
-    "devices",
-    "device_kind",
-    "device_names",
-    "precision",
-    "global_batch",
-    "image_size",
-    "epochs",
-    "data",
-    "train_images",
-    "epoch_seconds",
-    "images_per_second",
-    "test_auc",
-    "per_class_auc",
-    "device_utilization",
-    "versions",
-    "git_commit",
-    "timestamp",
-)
+# The fields every record carries, and what each means, the same in every framework.
+FIELDS = {
+    "framework": "pytorch, tensorflow, keras, mxnet or chainer",
+    "notebook": "the notebook's name; with `variant`, the way of placing the model it measured",
+    "devices": "the devices that computed the run, over all processes and machines: DDP or MPI ranks, "
+    "TensorFlow replicas, Gluon contexts times workers",
+    "device_kind": "gpu, or cpu for simulated devices sharing one machine's cores",
+    "device_names": "this machine's devices that the run used",
+    "precision": "fp32 or mixed, as it ran",
+    "global_batch": "images per optimizer step, all devices together",
+    "image_size": "side of the square network input in pixels",
+    "epochs": "epochs trained (0 for the in-RAM benchmark)",
+    "data": "real, generated (the stand-in data set), or synthetic-in-RAM (one random batch held in memory)",
+    "train_images": "images in the training split",
+    "epoch_seconds": "training seconds of each epoch, validation left out",
+    "images_per_second": "training throughput of all devices together, the first epoch left out when there are more",
+    "test_auc": "mean ROC AUC over the findings defined in the test split",
+    "per_class_auc": "ROC AUC of each finding (null where the test split holds one label value only)",
+    "device_utilization": "mean utilization and peak memory of each device while it trained or benchmarked",
+    "versions": "Python's and the framework's package versions",
+    "git_commit": "the commit of this repository",
+    "timestamp": "when the record was made, UTC",
+}
+REQUIRED = tuple(FIELDS)
 
 
 def check_writable(results_dir, name: str = "RESULTS_DIR") -> Path:
@@ -97,6 +101,106 @@ def new_record(**fields) -> dict:
     return record
 
 
+class Run:
+    """What the records of one notebook run share; :meth:`training` and :meth:`benchmark` make its two records.
+
+    ``devices`` follows ``FIELDS["devices"]``; ``learning_rate`` is the scaled peak rate; ``packages`` are the
+    distributions whose versions are recorded; ``extra`` are the framework's own fields (a strategy, a kvstore, ...),
+    the same in both records.
+    """
+
+    def __init__(
+        self,
+        framework: str,
+        notebook: str,
+        hardware,
+        *,
+        devices: int,
+        precision: str,
+        global_batch: int,
+        image_size: int,
+        learning_rate: float,
+        packages: tuple[str, ...] = (),
+        **extra,
+    ):
+        self.fields = {
+            **dict(
+                framework=framework,
+                notebook=notebook,
+                devices=devices,
+                device_kind=hardware.kind,
+                device_names=list(hardware.names),
+                precision=precision,
+                global_batch=global_batch,
+                image_size=image_size,
+                learning_rate=learning_rate,
+                versions=versions(*packages),
+            ),
+            **extra,
+        }
+
+    def training(self, data: str, epochs: int, history: dict, auc, samples, phases=None, **extra) -> Record:
+        """The training run's record: ``history`` as :func:`common.protocol.new_history` keeps it, ``auc`` the test
+        set's :class:`common.metrics.AUC`, ``samples`` the :class:`common.monitor.Monitor` that watched the devices,
+        ``phases`` a :class:`common.phases.Phases`; ``extra`` adds fields or overrides the run's."""
+        from common.metrics import images_per_second
+
+        return self._record(
+            samples,
+            data=data,
+            epochs=epochs,
+            train_images=history["train_images"],
+            epoch_seconds=history["epoch_seconds"],
+            images_per_second=images_per_second(history["images_per_epoch"], history["epoch_seconds"]),
+            train_loss=history.get("train_loss"),
+            valid_auc=history.get("valid_auc") or None,
+            data_wait_seconds=history.get("data_wait_seconds"),
+            test_auc=auc.mean,
+            per_class_auc=auc.per_class,
+            phases=phases.rows() if phases is not None else None,
+            **extra,
+        )
+
+    def benchmark(self, images_per_second: float, samples, **extra) -> Record:
+        """The in-RAM benchmark's record: the same step on one random batch held in device memory."""
+        return self._record(
+            samples,
+            data=IN_RAM,
+            epochs=0,
+            train_images=0,
+            epoch_seconds=[],
+            images_per_second=images_per_second,
+            test_auc=None,
+            per_class_auc={},
+            **extra,
+        )
+
+    def _record(self, samples, **fields) -> Record:
+        fields = {
+            **self.fields,
+            "device_utilization": samples.summary(),
+            "utilization_started": samples.started,
+            **fields,
+        }
+        return Record(new_record(**fields), samples.frame())
+
+
+class Record(NamedTuple):
+    fields: dict
+    utilization: pd.DataFrame | None = None
+
+
+def write_all(records: list[Record], results_dir, chief: bool = True, who: str = "") -> list[Path]:
+    """Write the records of a run, from the chief alone: with several workers, one run gets one set of records."""
+    if not chief:
+        print(f"{who}: the chief writes the records")
+        return []
+    paths = [write(record.fields, results_dir, record.utilization) for record in records]
+    for path in paths:
+        print(path)
+    return paths
+
+
 def validate(record: dict) -> dict:
     missing = [name for name in REQUIRED if name not in record]
     if missing:
@@ -114,14 +218,16 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write, mode: str = "w") -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it: ``path`` is complete or absent.
 
     The data reaches the disk before the rename, so not even a power cut leaves a half-written ``path``.
+    ``mode="wb"`` for binary writers.
     """
+    path = Path(path)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
-        with os.fdopen(handle, "w") as file:
+        with os.fdopen(handle, mode) as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())
@@ -145,7 +251,7 @@ def write(record: dict, results_dir, utilization: pd.DataFrame | None = None) ->
     if utilization is not None:
         record = {**record, "utilization_csv": csv.name}
     # serialized first: a value JSON cannot store fails here, before any file is written
-    text = json.dumps(record, indent=2, sort_keys=True, default=_jsonable)
+    text = json.dumps(record, indent=2, sort_keys=True, default=jsonable)
     if utilization is not None:
         atomic_write(csv, lambda file: utilization.to_csv(file, index=False))
     path = results_dir / f"{stem}.json"
@@ -153,7 +259,7 @@ def write(record: dict, results_dir, utilization: pd.DataFrame | None = None) ->
     return path
 
 
-def _jsonable(value):
+def jsonable(value):
     if hasattr(value, "tolist"):  # numpy scalars and arrays
         return value.tolist()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")

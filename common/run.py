@@ -17,10 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import devices, params, report, synthetic
+from common import devices, kernel, params, report, synthetic
 from common.errors import InputError
 
-KERNEL = "multigpu-notebooks"
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 # These compare ways of placing the model inside one run, on the most devices (at least this many); at fewer
 # devices there is nothing to compare, and one device would repeat PyTorch_MultiGPU.
@@ -68,7 +67,7 @@ def main(argv=None) -> int:
     parser.add_argument("--global-batch", type=int, help="keep this global batch at every device count")
     parser.add_argument("--out", help="output folder (default: runs/<timestamp>)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
-    parser.add_argument("--kernel", default=KERNEL)
+    parser.add_argument("--kernel", default=kernel.NAME)
     args = parser.parse_args(argv)
 
     import papermill  # imported late: `--help` and argument errors stay instant

@@ -211,3 +211,13 @@ def ensure(n_images: int = 1000, image_size: int = 128, seed: int = 0, root=None
         if is_generated(folder):  # another process finished it first
             return folder
         raise
+
+
+def data_dir(given, device_kind: str, seed: int = 0) -> Path:
+    """The ``DATA_DIR`` parameter resolved: the folder given, or the stand-in generated for this kind of machine."""
+    return Path(given) if given else ensure(**STANDIN[device_kind], seed=seed)
+
+
+def data_kind(folder) -> str:
+    """What a results record calls the data of ``folder``: ``generated`` (this stand-in) or ``real``."""
+    return "generated" if is_generated(folder) else "real"

@@ -7,15 +7,14 @@ TensorFlow fixes its logical devices and thread pools when its runtime first sta
 
 from __future__ import annotations
 
-import hashlib
+import json
 import time
-import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from common import checkpoints, metrics
+from common import checkpoints, protocol
 from common import devices as common_devices
 from common.errors import InputError
 from common.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
@@ -130,16 +129,17 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 
 def weights_fingerprint(model: keras.Model) -> str:
-    """sha256 of every weight (BatchNorm statistics included), by variable path.
+    """:func:`common.protocol.fingerprint` of every weight (BatchNorm statistics included), by variable path."""
+    return protocol.fingerprint((weight.path, weight.numpy()) for weight in model.weights)
 
-    Workers that hold identical weights print identical fingerprints: a cheap proof that the strategy
-    kept every copy in step, on one machine or across several.
+
+def tf_config(workers: list[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` in a cluster of ``workers`` (``host:port`` each, the same list everywhere).
+
+    ``MultiWorkerMirroredStrategy`` reads it from the environment. Every worker gets the same cluster and its own
+    index; worker 0 is the chief, which writes the results.
     """
-    digest = hashlib.sha256()
-    for weight in model.weights:
-        digest.update(weight.path.encode())
-        digest.update(np.ascontiguousarray(weight.numpy()).tobytes())
-    return digest.hexdigest()
+    return json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
 
 
 def set_precision(precision: str, kind: str) -> str:
@@ -211,16 +211,6 @@ def share_batch_norm_statistics(model: keras.Model) -> None:
         copies = getattr(variable.value, "values", ())
         for copy in copies[1:]:
             copy.assign(copies[0])
-
-
-class ShareBatchNormStatistics(keras.callbacks.Callback):
-    """:func:`share_batch_norm_statistics` before every evaluation and prediction of ``model.fit`` and friends."""
-
-    def on_test_begin(self, logs=None):
-        share_batch_norm_statistics(self.model)
-
-    def on_predict_begin(self, logs=None):
-        share_batch_norm_statistics(self.model)
 
 
 def make_optimizer(learning_rate: float, steps: int, policy: str = "float32") -> keras.optimizers.Optimizer:
@@ -335,11 +325,14 @@ def random_batch(batch: int, image_size: int, seed: int = 0) -> tuple[tf.Tensor,
     return images, labels
 
 
-def time_steps(strategy: tf.distribute.Strategy, train_step, batch_per_replica: int, image_size: int, steps: int):
-    """Images per second of ``steps`` distributed training steps on one random batch held on each replica's device.
+def time_steps(
+    strategy: tf.distribute.Strategy, train_step, batch_per_replica: int, image_size: int, steps: int, phases=None
+) -> float:
+    """Images per second of all replicas together: ``steps`` distributed training steps on one random batch held on
+    each replica's device.
 
-    ``train_step(images, labels)`` is the per-replica step and returns its loss. Two warm-up steps
-    (tracing, allocation) are not timed.
+    ``train_step(images, labels)`` is the per-replica step and returns its loss. Two warm-up steps (tracing,
+    allocation) are not timed; ``phases`` (a :class:`common.phases.Phases`) gets them and the timed steps.
     """
     batch = strategy.experimental_distribute_values_from_function(
         lambda context: random_batch(batch_per_replica, image_size, seed=context.replica_id_in_sync_group)
@@ -349,93 +342,21 @@ def time_steps(strategy: tf.distribute.Strategy, train_step, batch_per_replica: 
     def step():
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(train_step, args=batch), axis=None)
 
+    warmup = time.time()
     for _ in range(2):
-        step()
-    start = time.perf_counter()
+        step().numpy()
+    start, timed = time.time(), time.perf_counter()
     for _ in range(steps):
         loss = step()
     loss.numpy()  # reading the last loss back waits for the devices to finish
-    return steps * batch_per_replica * strategy.num_replicas_in_sync / (time.perf_counter() - start)
+    seconds = time.perf_counter() - timed
+    if phases is not None:
+        phases.add("benchmark warm-up", warmup, start)
+        phases.add("benchmark", start, start + seconds)
+    return steps * batch_per_replica * strategy.num_replicas_in_sync / seconds
 
 
-class EpochTimer(keras.callbacks.Callback):
-    """Seconds of training in each epoch of ``model.fit``, validation left out.
-
-    The clock stops when validation starts (``on_test_begin``), or at the end of an epoch without it.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.epoch_seconds: list[float] = []
-        self._start: float | None = None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def _stop(self):
-        if self._start is not None:
-            self.epoch_seconds.append(time.perf_counter() - self._start)
-            self._start = None
-
-    def on_test_begin(self, logs=None):
-        self._stop()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._stop()
-
-
-class ExactAUC(keras.callbacks.Callback):
-    """After each epoch, the mean ROC AUC on ``data`` computed as every notebook does, logged as ``val_exact_auc``.
-
-    ``keras.metrics.AUC(multi_label=True)`` counts a finding without positives in the data as 0; the
-    small validation split of a demo lacks some findings, so its Keras AUC reads far too low.
-    """
-
-    def __init__(self, data: tf.data.Dataset, labels: np.ndarray):
-        super().__init__()
-        self.data, self.labels = data, labels
-        self.history: list[float] = []
-
-    def on_epoch_end(self, epoch, logs=None):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="ROC AUC undefined")
-            auc = metrics.roc_auc(self.labels, self.model.predict(self.data, verbose=0)).mean
-        self.history.append(auc)
-        if logs is not None:
-            logs["val_exact_auc"] = auc
-
-
-class EpochCheckpoints(keras.callbacks.Callback):
-    """The history of every epoch and, with a ``folder``, a checkpoint after each one (:mod:`common.checkpoints`).
-
-    ``model.save_weights`` saves the optimizer's state with the weights, its step counter and so the learning-rate
-    schedule included; the file is written under a temporary name and renamed. Not ``keras.callbacks.BackupAndRestore``:
-    in Keras 3.15 it overwrites ``latest.weights.h5`` in place and writes the epoch number after it, so a kill during
-    the save can leave a corrupt file, or one epoch's weights under the number of the epoch before.
-    Put it after ``timer`` and ``valid_auc`` in the callbacks: it reads what they recorded for the epoch.
-    """
-
-    def __init__(self, timer: EpochTimer, valid_auc: ExactAUC, folder=None, settings=None, resume=None):
-        super().__init__()
-        self.timer, self.valid_auc, self.folder, self.settings = timer, valid_auc, folder, settings
-        self.history = resume.history if resume else {"epoch_seconds": [], "train_loss": [], "valid_auc": []}
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.history["epoch_seconds"].append(self.timer.epoch_seconds[-1])
-        self.history["train_loss"].append(float(logs["loss"]))
-        self.history["valid_auc"].append(self.valid_auc.history[-1])
-        if self.folder is not None:
-            checkpoints.save(
-                self.folder,
-                epoch + 1,
-                ".weights.h5",
-                lambda path: self.model.save_weights(str(path)),
-                self.settings,
-                self.history,
-            )
-
-
-def save_checkpoint(state: tf.train.Checkpoint, folder, epoch: int, settings: dict, history: dict) -> None:
+def save_checkpoint(folder, epoch: int, settings: dict, history: dict, state: tf.train.Checkpoint) -> None:
     """The custom loop's checkpoint: ``tf.train.Checkpoint`` writes an index and data files into one folder."""
 
     def write(path):
@@ -445,34 +366,7 @@ def save_checkpoint(state: tf.train.Checkpoint, folder, epoch: int, settings: di
     checkpoints.save(folder, epoch, ".tf", write, settings, history)
 
 
-def restore_checkpoint(state: tf.train.Checkpoint, checkpoint: checkpoints.Checkpoint) -> int:
-    """Load what :func:`save_checkpoint` wrote into the same objects; returns the epochs it finished."""
+def load_checkpoint(checkpoint: checkpoints.Checkpoint, state: tf.train.Checkpoint) -> tuple[int, dict]:
+    """Load what :func:`save_checkpoint` wrote into the same objects; returns the epochs finished and the history."""
     state.read(str(checkpoint.state / "state")).assert_existing_objects_matched()
-    return checkpoint.epoch
-
-
-def restore(model: keras.Model, checkpoint: checkpoints.Checkpoint) -> int:
-    """Load a checkpoint into a compiled model, inside the strategy's scope; returns the epochs it finished."""
-    model.optimizer.build(model.trainable_variables)  # the optimizer's slots must exist to take their saved values
-    model.load_weights(str(checkpoint.state))
-    return checkpoint.epoch
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Images per second of ``model.fit`` steps after ``warmup`` untimed ones (tracing, allocation)."""
-
-    def __init__(self, global_batch: int, warmup: int = 2):
-        super().__init__()
-        self.global_batch, self.warmup = global_batch, warmup
-        self._times: list[float] = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        float(logs["loss"])  # reading the loss back waits for the devices to finish the step
-        self._times.append(time.perf_counter())
-
-    @property
-    def images_per_second(self) -> float:
-        timed = self._times[self.warmup - 1 :]
-        if len(timed) < 2:
-            raise ValueError(f"time at least {self.warmup + 1} steps, not {len(self._times)}")
-        return (len(timed) - 1) * self.global_batch / (timed[-1] - timed[0])
+    return checkpoint.epoch, checkpoint.history

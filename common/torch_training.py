@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from common import torch_utils as tu
 from common.errors import InputError
+from common.phases import BatchWait, Phases
 
 
 def sharded_loader(split, transform, batch_size: int, process: tu.Process, *, shuffle: bool, seed: int, workers: int):
@@ -51,28 +52,35 @@ def fit(
     precision: str,
     *,
     label: str = "",
+    phases: Phases | None = None,
 ) -> dict[str, list[float]]:
     """Train for ``epochs``; ``loss_of(images, labels)`` places the batch, runs the model and returns the loss.
 
-    Returns the seconds and the mean training loss of each epoch (averaged over processes).
+    Returns the seconds, the mean training loss (averaged over processes) and the seconds spent waiting for the
+    input pipeline of each epoch; ``phases`` gets each epoch's ``train`` phase.
     """
     scheduler = cosine_schedule(optimizer, epochs, loader)
     scaler = tu.grad_scaler(precision, process.device)
-    history = {"epoch_seconds": [], "train_loss": []}
+    history = {"epoch_seconds": [], "train_loss": [], "data_wait_seconds": []}
     for epoch in range(epochs):
         loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         running = torch.zeros((), device=process.device)
-        start = time.perf_counter()
+        batches = BatchWait(loader)
+        start = time.time()
         description = f"{label} epoch {epoch + 1}/{epochs}".strip()
         for images, labels, _ in tqdm(
-            loader, desc=description, disable=not process.is_main, mininterval=2, file=sys.stdout
+            batches, desc=description, disable=not process.is_main, mininterval=2, file=sys.stdout
         ):
             running += tu.optimizer_step(loss_of, images, labels, optimizer, scaler, precision, process.device)
             scheduler.step()
         if process.world_size > 1:
             dist.all_reduce(running)  # also waits for every rank, so the timing covers the slowest
-        history["epoch_seconds"].append(time.perf_counter() - start)
+        end = time.time()
+        if phases is not None:
+            phases.add("train", start, end, epoch + 1)
+        history["epoch_seconds"].append(end - start)
         history["train_loss"].append(running.item() / process.world_size / len(loader))
+        history["data_wait_seconds"].append(batches.seconds)
     return history
 
 

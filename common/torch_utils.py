@@ -7,7 +7,7 @@ does not import torch).
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import itertools
 import os
 import random
 import sys
@@ -20,9 +20,10 @@ import torch.distributed as dist
 import torchvision
 from PIL import Image
 from torch import nn
+from torch.optim.swa_utils import update_bn
 from torchvision.transforms import v2
 
-from common import checkpoints
+from common import checkpoints, protocol
 from common.devices import threads_per_device
 from common.errors import InputError
 from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
@@ -95,16 +96,8 @@ def _torchrun(options: list[str], script, args) -> list[str]:
 
 
 def weights_fingerprint(model: nn.Module) -> str:
-    """sha256 of every parameter and buffer (BatchNorm statistics included), in ``state_dict`` order.
-
-    Ranks that hold identical weights print identical fingerprints: a cheap proof that data-parallel
-    training kept every copy in step, on one machine or across several.
-    """
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
+    """:func:`common.protocol.fingerprint` of every parameter and buffer (BatchNorm statistics included)."""
+    return protocol.fingerprint((name, tensor.detach().cpu().numpy()) for name, tensor in model.state_dict().items())
 
 
 def launch_env(nproc: int) -> dict[str, str]:
@@ -194,18 +187,50 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=enabled)
 
 
+# channels_last (NHWC) feeds the tensor cores directly under mixed precision, but it pays only for large batches:
+# on an H200 with bf16 autocast, DenseNet-121 trained 1.69x faster in channels_last at batch 256, and at batch 64
+# only 0.78x as fast as in the default layout (../shared/gpu: bare_step.py, new_shape_cost.py).
+CHANNELS_LAST_MIN_BATCH = 256
+
+
+def memory_format(device: torch.device, precision: str, batch_size: int) -> torch.memory_format:
+    """channels_last where it measured faster (mixed precision on a GPU, large batches), else the default layout."""
+    if device.type == "cuda" and precision == "mixed" and batch_size >= CHANNELS_LAST_MIN_BATCH:
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def full_batch(images: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``images`` padded with zero images to ``batch_size`` on a GPU: each new batch shape costs cuDNN another round
+    of autotuning (seconds for evaluation), while the training shape's kernels are already chosen."""
+    if images.device.type != "cuda" or len(images) >= batch_size:
+        return images
+    layout = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    padded = images.new_zeros((batch_size, *images.shape[1:])).contiguous(memory_format=layout)
+    padded[: len(images)] = images
+    return padded
+
+
 @torch.no_grad()
-def predict_all(model: nn.Module, loader, process: Process, precision: str) -> tuple[np.ndarray, np.ndarray]:
+def predict_all(
+    model: nn.Module,
+    loader,
+    process: Process,
+    precision: str,
+    layout: torch.memory_format = torch.contiguous_format,
+) -> tuple[np.ndarray, np.ndarray]:
     """Sigmoid scores and labels of the whole data set, gathered from every rank, in data set order.
 
-    Each rank scores its shard; DistributedSampler pads the shards to equal
-    length by repeating images, so duplicates are dropped by index.
+    Each rank scores its shard; DistributedSampler pads the shards to equal length by repeating images, so
+    duplicates are dropped by index. The images take the training's memory ``layout`` and batch shape, so
+    evaluation reuses the kernels that training chose.
     """
     model.eval()
     scores, labels, indices = [], [], []
     for images, targets, index in loader:
+        images = images.to(process.device, non_blocking=True, memory_format=layout)
         with autocast(precision, process.device):
-            logits = model(images.to(process.device, non_blocking=True))
+            logits = model(full_batch(images, loader.batch_size))[: len(images)]
         scores.append(torch.sigmoid(logits.float()))
         labels.append(targets.to(process.device))
         indices.append(index.to(process.device))
@@ -219,6 +244,24 @@ def predict_all(model: nn.Module, loader, process: Process, precision: str) -> t
     table = table[first]
     model.train()
     return table[:, 1 : 1 + NUM_CLASSES], table[:, 1 + NUM_CLASSES :]
+
+
+@torch.no_grad()
+def recompute_batch_norm_statistics(
+    model: nn.Module,
+    loader,
+    batches: int,
+    device: torch.device,
+    precision: str,
+    layout: torch.memory_format = torch.contiguous_format,
+) -> None:
+    """ "Precise BN": the mean statistics of ``batches`` batches of ``loader`` replace the running averages
+    (``torch.optim.swa_utils.update_bn``), computed as training computes: the same precision and memory layout."""
+    images = (
+        batch[0].to(device, non_blocking=True, memory_format=layout) for batch in itertools.islice(loader, batches)
+    )
+    with autocast(precision, device):
+        update_bn(images, model, device)
 
 
 @torch.no_grad()
@@ -251,20 +294,26 @@ def optimizer_step(loss_of, images, labels, optimizer, scaler, precision: str, d
     return loss.detach()
 
 
-def images_per_second(step, batch_size: int, steps: int, devices) -> float:
+def images_per_second(step, batch_size: int, steps: int, devices, phases=None) -> float:
     """Throughput of ``steps`` calls of ``step()``, after two untimed warm-up calls (allocation, cuDNN autotuning).
 
     ``devices``: every device the step computes on (all GPUs of a DataParallel step), and no other, so the
     clock stops when their queued work is done without creating a CUDA context on a GPU the step never used.
+    ``phases`` (a :class:`common.phases.Phases`) gets the warm-up and the timed steps.
     """
+    warmup = time.time()
     for _ in range(2):
         step()
     synchronize(devices)
-    start = time.perf_counter()
+    start, timed = time.time(), time.perf_counter()
     for _ in range(steps):
         step()
     synchronize(devices)
-    return steps * batch_size / (time.perf_counter() - start)
+    seconds = time.perf_counter() - timed
+    if phases is not None:
+        phases.add("benchmark warm-up", warmup, start)
+        phases.add("benchmark", start, start + seconds)
+    return steps * batch_size / seconds
 
 
 def synchronize(devices) -> None:
@@ -282,10 +331,12 @@ def time_steps(
     steps: int,
     device,
     precision: str,
-    memory_format: torch.memory_format = torch.contiguous_format,
+    layout: torch.memory_format = torch.contiguous_format,
+    phases=None,
 ) -> float:
-    """Images per second of ``steps`` training steps on one fixed random batch held in device memory."""
-    images = torch.randn(batch_size, 3, image_size, image_size, device=device).to(memory_format=memory_format)
+    """Images per second of all processes together: ``steps`` training steps on one fixed random batch held in
+    device memory, ``batch_size`` images in each of the process group's processes (or in this one)."""
+    images = torch.randn(batch_size, 3, image_size, image_size, device=device).to(memory_format=layout)
     targets = torch.randint(0, 2, (batch_size, NUM_CLASSES), device=device).float()
     loss_fn = nn.BCEWithLogitsLoss()
     scaler = grad_scaler(precision, device)
@@ -295,7 +346,8 @@ def time_steps(
             lambda x, y: loss_fn(model(x).float(), y), images, targets, optimizer, scaler, precision, device
         )
 
-    return images_per_second(step, batch_size, steps, [device])
+    processes = dist.get_world_size() if dist.is_initialized() else 1
+    return processes * images_per_second(step, batch_size, steps, [device], phases)
 
 
 def rng_state(device: torch.device) -> dict:
@@ -316,7 +368,7 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(folder, epoch: int, process: Process, settings: dict, history: dict, **parts) -> None:
+def save_checkpoint(folder, epoch: int, settings: dict, history: dict, process: Process, **parts) -> None:
     """Rank 0 writes the checkpoint of ``epoch`` (the ``state_dict`` of each part, every rank's RNG state).
 
     Every rank waits until it is complete, so none runs ahead of a checkpoint that a kill could still lose.
@@ -333,9 +385,10 @@ def save_checkpoint(folder, epoch: int, process: Process, settings: dict, histor
         dist.barrier()
 
 
-def load_checkpoint(path, process: Process, **parts) -> tuple[int, dict]:
-    """Restore each part and this rank's RNG state from ``path``; returns the epochs finished and the history."""
-    saved = torch.load(path, map_location="cpu", weights_only=False)  # our own file; it holds numpy's RNG state too
+def load_checkpoint(checkpoint: checkpoints.Checkpoint, process: Process, **parts) -> tuple[int, dict]:
+    """Restore each part and this rank's RNG state; returns the epochs finished and the history."""
+    # our own file; it holds numpy's RNG state too
+    saved = torch.load(checkpoint.state, map_location="cpu", weights_only=False)
     for name, part in parts.items():
         part.load_state_dict(saved[name])
     set_rng_state(saved["rng"][process.rank], process.device)

@@ -1,21 +1,20 @@
 """Two "nodes" on one machine: the training script a notebook writes, its config, and what each rank reports.
 
 A notebook's training script is the source of its ``%%writefile`` cell, so the multi-node tests run exactly
-what a user copies to the hosts, without running the whole notebook first.
+what a user copies to the hosts, without running the whole notebook first. What the ranks report comes back
+through :mod:`common.protocol`: the launched scripts' result (rank 0 gathers every rank's report), or the value
+each notebook worker glued into its executed notebook.
 """
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import nbformat
-from notebook_harness import KERNEL, NOTEBOOK_DIR, notebook_path
+from notebook_harness import NOTEBOOK_DIR, notebook_path
 
-from common import devices, params
-
-# Each training script prints one such line per rank (or TensorFlow worker) once training and the test are done.
-RANK_LINE = re.compile(r"(?:rank|worker) (\d+): weights sha256 ([0-9a-f]{64}), train loss (\S+), test AUC (\S+)")
+from common import devices, params, protocol
+from common.kernel import NAME as KERNEL
 
 
 def write_script(notebook: str, name: str, folder: Path) -> Path:
@@ -30,43 +29,29 @@ def write_script(notebook: str, name: str, folder: Path) -> Path:
 
 def write_config(folder: Path, data_dir, devices_total: int, settings: dict, **extra) -> Path:
     """The ``config.json`` a notebook writes for notebook parameters ``settings`` and ``devices_total`` ranks on
-    CPUs; ``extra`` adds or overrides entries."""
+    CPUs; ``extra`` are the script's own entries."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = params.fill("cpu", **settings)
-    config = {
-        **cfg,
-        "DATA_DIR": str(data_dir),
-        "WORK_DIR": str(folder),
-        "LEARNING_RATE": params.learning_rate(cfg["LEARNING_RATE_PER_DEVICE"], devices_total),
-        "PRECISION": "fp32",
-        "PRETRAINED": False,
-        "SEED": 0,
-        "LOADER_WORKERS": devices.loader_workers(devices_total, "cpu"),
-        "BATCH_NORM_BATCHES": 2,
-        "CHECKPOINT_DIR": None,
-        "CHECKPOINT_SETTINGS": {},
-        "RESUME_FROM": None,
+    global_batch = params.global_batch(cfg["BATCH_SIZE_PER_DEVICE"], devices_total)
+    hardware = devices.resolve(devices_total, gpus=[])
+    return protocol.launch_config(
+        folder,
+        data_dir,
+        cfg,
+        hardware,
+        global_batch=global_batch,
+        learning_rate=params.learning_rate(cfg, global_batch),
+        precision="fp32",
+        seed=0,
         **extra,
-    }
-    path = folder / "config.json"
-    path.write_text(json.dumps(config, indent=1))
-    return path
+    )
 
 
-def rank_reports(*outputs: str) -> dict[int, tuple[str, float, float]]:
-    """``{rank: (weights sha256, train loss, test AUC)}`` from the logs of every node."""
-    found = {}
-    for output in outputs:
-        for rank, digest, loss, auc in RANK_LINE.findall(output):
-            assert int(rank) not in found, f"rank {rank} reported twice"
-            found[int(rank)] = (digest, float(loss), float(auc))
-    return found
-
-
-def assert_ranks_agree(reports: dict, world_size: int) -> None:
-    """Every rank reported, with the same weights and the same metrics."""
-    assert sorted(reports) == list(range(world_size)), f"ranks that reported: {sorted(reports)}"
-    distinct = set(reports.values())
+def assert_ranks_agree(reports: list[dict], world_size: int, *, same_loss: bool = True) -> None:
+    """Every rank reported, with the same weights and test AUC (and train loss, unless each had its own share)."""
+    assert sorted(report["rank"] for report in reports) == list(range(world_size)), f"reports: {reports}"
+    fields = ("weights_sha256", "test_auc", "train_loss") if same_loss else ("weights_sha256", "test_auc")
+    distinct = {tuple(report[field] for field in fields) for report in reports}
     assert len(distinct) == 1, f"the ranks disagree: {reports}"
 
 

@@ -13,17 +13,15 @@ import papermill
 import pytest
 
 from common import results
+from common.kernel import NAME as KERNEL
 
 NOTEBOOK_DIR = Path(__file__).parent.parent / "notebooks"
-KERNEL = "multigpu-notebooks"
 # Three epochs on 800 generated 64-pixel images reach a mean test AUC of about 0.82-0.87 on 1 and on
 # 2 devices in PyTorch; 0.70 is the bar for "learned", well clear of chance (0.5) and of run-to-run noise.
 AUC_BAR = 0.70
 # The same model, data and scaling rule on 1 and 2 devices must land close: a data-parallel bug
 # (unsynchronized replicas, a shard scored twice, the 2018 Chainer drop) shows as a larger gap.
 AUC_GAP = 0.05
-# The parameters nbval runs every notebook with: one quick epoch on small images.
-NBVAL_PARAMETERS = dict(DEVICES=2, EPOCHS=1, IMAGE_SIZE=32, MAX_IMAGES=200, BENCH_STEPS=1)
 
 
 def notebook_path(name: str) -> Path:
@@ -51,13 +49,12 @@ def execute(
     return executed
 
 
-def records_by_devices(name: str, data_dir, out: Path, counts=(1, 2), **parameters) -> dict[int, dict[str, dict]]:
-    """Run the notebook at each device count: ``{devices: {data kind: record}}``."""
-    found = {}
-    for devices in counts:
-        execute(name, data_dir, out / str(devices), DEVICES=devices, **parameters)
-        found[devices] = {r["data"]: r for r in results.load_all(out / str(devices) / "results")}
-    return found
+def records_by_devices(name: str, data_dir, out: Path, **parameters) -> dict[int, dict[str, dict]]:
+    """Run the notebook on 1 device under nbval (cell by cell, failing on any error, as a person runs it) and on 2
+    with papermill: ``{devices: {data kind: record}}``."""
+    run_nbval(name, data_dir, out / "1", DEVICES=1, **parameters)
+    execute(name, data_dir, out / "2", DEVICES=2, **parameters)
+    return {devices: {r["data"]: r for r in results.load_all(out / str(devices) / "results")} for devices in (1, 2)}
 
 
 def check_training_record(record: dict, *, framework: str, notebook: str, devices: int, parameters: dict) -> None:
@@ -87,15 +84,8 @@ def assert_stops_before_training(name: str, data_dir, tmp_path: Path, parameters
 
 
 def run_nbval(name: str, data_dir, tmp_path: Path, records: int = 2, **parameters) -> None:
-    """nbval --nbval-lax over the notebook prepared with CPU-sized parameters; it must write ``records`` records."""
-    prepared = execute(
-        name,
-        data_dir,
-        tmp_path,
-        output=tmp_path / f"{name}.ipynb",
-        prepare_only=True,
-        **{**NBVAL_PARAMETERS, **parameters},
-    )
+    """nbval --nbval-lax over the notebook prepared with ``parameters``; it must write ``records`` records."""
+    prepared = execute(name, data_dir, tmp_path, output=tmp_path / f"{name}.ipynb", prepare_only=True, **parameters)
     command = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-kernel-name", KERNEL]
     command += ["-p", "no:cacheprovider", "-q", str(prepared)]
     out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
@@ -113,7 +103,7 @@ BAD_INPUT = {
 
 
 class NotebookContract:
-    """What every training notebook must do, run on 1 and 2 simulated CPU devices.
+    """What every training notebook must do, run on 1 (under nbval) and 2 simulated CPU devices.
 
     A test module subclasses it as ``class Test...(NotebookContract)`` and names the notebook, its
     framework and the tiny parameters it trains with; it may add tests of its own.
@@ -122,7 +112,6 @@ class NotebookContract:
     NOTEBOOK: str
     FRAMEWORK: str
     TINY = dict(EPOCHS=3, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
-    NBVAL_PARAMETERS: dict = {}
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -152,6 +141,3 @@ class NotebookContract:
     @pytest.mark.parametrize(("parameters", "message"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
     def test_bad_input_stops_before_training(self, notebook_data, tmp_path, parameters, message):
         assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, parameters, message)
-
-    def test_nbval(self, notebook_data, tmp_path):
-        run_nbval(self.NOTEBOOK, notebook_data, tmp_path, **self.NBVAL_PARAMETERS)

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import psutil
-from notebook_harness import KERNEL, NOTEBOOK_DIR, notebook_path
+from notebook_harness import NOTEBOOK_DIR, notebook_path
+
+from common.kernel import NAME as KERNEL
 
 
 def kill_tree(pid: int) -> None:

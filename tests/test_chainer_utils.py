@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common import chainer_utils as cu
-from common import chestxray, launch
+from common import checkpoints, chestxray, launch
 from common.chainer_import import chainer, chainermn
 from common.errors import InputError
 from common.params import IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
@@ -258,11 +258,11 @@ def test_a_restored_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_
 
     model, optimizer = build(0)
     train(model, optimizer, batches[:3])
-    cu.save_checkpoint(model, optimizer, OneRank, tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]})
+    cu.save_checkpoint(tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]}, model, optimizer, OneRank)
     train(model, optimizer, batches[3:])
 
     resumed, resumed_optimizer = build(1)
-    epoch, history = cu.load_checkpoint(tmp_path / "epoch-0003.chainer", resumed, resumed_optimizer)
+    epoch, history = cu.load_checkpoint(checkpoints.complete(tmp_path)[-1], resumed, resumed_optimizer)
     assert epoch == 3 and history == {"train_loss": [0.5]} and resumed_optimizer.t == 3
     train(resumed, resumed_optimizer, batches[3:])
     np.testing.assert_array_equal(resumed.W.array, model.W.array)

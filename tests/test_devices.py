@@ -7,8 +7,8 @@ from common.errors import InputError
 class FakeNVML:
     """The few pynvml calls gpu_names makes, for a machine with the given GPUs."""
 
-    def __init__(self, names=(), init_error=None):
-        self.names = list(names)
+    def __init__(self, names=(), init_error=None, memory_gib=80.0):
+        self.names, self.memory_gib = list(names), memory_gib
         self.init_error = init_error
         self.shut_down = False
 
@@ -24,6 +24,9 @@ class FakeNVML:
 
     def nvmlDeviceGetName(self, handle):
         return self.names[handle[1]].encode()  # older pynvml returns bytes
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Memory", (), {"total": int(self.memory_gib * 2**30)})
 
     def nvmlShutdown(self):
         self.shut_down = True
@@ -120,3 +123,24 @@ def test_visible_gpu_names_stops_at_an_invalid_index_like_cuda(monkeypatch, visi
 @pytest.mark.parametrize("count, cores, expected", [(1, 8, 8), (2, 8, 4), (3, 8, 2), (16, 8, 1), (2, 1, 1)])
 def test_threads_per_device_share_the_cores_at_least_one_each(count, cores, expected):
     assert devices.threads_per_device(count, cores) == expected
+
+
+def test_gpus_report_their_memory_and_resolve_keeps_the_smallest():
+    assert devices.gpus(FakeNVML(["H200"], memory_gib=139.8)) == [("H200", pytest.approx(139.8))]
+    assert devices.resolve(2, gpus=["g0", "g1"], memory_gib=40.0).memory_gib == 40.0
+    assert devices.resolve(None, gpus=[], cores=2).memory_gib is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "count", "processes", "cores", "expected"),
+    [
+        ("cpu", 2, None, 16, 1),  # simulated devices already share the cores
+        ("gpu", 1, None, 16, 8),  # at most 8 per device it drives
+        ("gpu", 8, None, 16, 1),  # 2 cores per process, one kept for the process itself
+        ("gpu", 4, 1, 16, 15),  # one process (Gluon) drives every GPU: all cores but its own
+        ("gpu", 2, None, 2, 1),  # never fewer than one
+    ],
+)
+def test_one_loader_workers_rule_for_every_framework(monkeypatch, kind, count, processes, cores, expected):
+    monkeypatch.setattr(devices, "cpu_cores", lambda: cores)
+    assert devices.loader_workers(kind, count, processes) == expected

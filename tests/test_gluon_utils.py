@@ -185,9 +185,9 @@ def test_dist_kvstore_needs_a_cluster_and_refuses_checkpoints(monkeypatch):
     assert gu.create_kvstore("local") == ("local", 0, 1), "one machine: the Trainer creates its kvstore"
 
 
-def test_time_steps_counts_images():
+def test_time_steps_gives_the_rate_of_all_workers_from_this_workers_share():
     calls = []
-    rate = gu.time_steps(lambda images, labels: calls.append(images.shape), 4, 32, steps=3)
+    rate = gu.time_steps(lambda images, labels: calls.append(images.shape), 8, 32, steps=3, workers=2)
     assert len(calls) == 5 and calls[0] == (4, 3, 32, 32) and rate > 0 and math.isfinite(rate)
 
 
@@ -219,11 +219,14 @@ def test_a_restored_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_
 
     net, trainer = build(0)
     train(net, trainer, batches[:3])
-    gu.save_checkpoint(net, trainer, tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]})
+    gu.save_checkpoint(tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]}, net, trainer)
     train(net, trainer, batches[3:])
 
     resumed, resumed_trainer = build(1)
-    assert gu.restore_checkpoint(resumed, resumed_trainer, checkpoints.complete(tmp_path)[-1], CPUS) == 3
+    assert gu.load_checkpoint(checkpoints.complete(tmp_path)[-1], resumed, resumed_trainer, CPUS) == (
+        3,
+        {"train_loss": [0.5]},
+    )
     train(resumed, resumed_trainer, batches[3:])
     for expected, found in zip(net.collect_params().values(), resumed.collect_params().values()):  # names differ
         for context in CPUS:

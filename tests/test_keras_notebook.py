@@ -9,8 +9,6 @@ KERAS_AUC_TOLERANCE = 0.01
 class TestKerasNotebook(NotebookContract):
     NOTEBOOK = "Keras_TF_MultiGPU"
     FRAMEWORK = "keras"
-    # nbval on one device: tracing the two-replica graph takes most of a minute on a CPU; the runs above cover it
-    NBVAL_PARAMETERS = dict(DEVICES=1)
 
     def test_keras_auc_agrees_with_the_exact_auc(self, runs):
         for devices in (1, 2):

@@ -11,13 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
+import cluster as multinode
 import pytest
-from multinode_harness import assert_ranks_agree, papermill_command, rank_reports, write_config, write_script
+from multinode_harness import assert_ranks_agree, papermill_command, write_config, write_script
 
 from common import chainer_utils as cu
-from common import multinode
+from common import protocol
 from common import torch_utils as tu
+from common.tf_utils import tf_config
 
 # Tiny runs: the point is the launch and the agreement of the workers, not what the model learns.
 TINY = dict(EPOCHS=1, IMAGE_SIZE=32, BATCH_SIZE_PER_DEVICE=8, MAX_IMAGES=240, BENCH_STEPS=1)
@@ -48,28 +49,24 @@ def test_pytorch_torchrun_two_nodes(notebook_data, tmp_path, cluster):
         nodes.append(cluster.start(f"torchrun node {node}", command, env=tu.launch_env(2)))
     cluster.check(nodes, LAUNCH_TIMEOUT)
 
-    assert_ranks_agree(rank_reports(*(node.output for node in nodes)), world_size=2)
-    written = [node for node in (0, 1) if (tmp_path / f"host{node}" / "history.json").exists()]
-    assert len(written) == 1, f"history.json written on hosts {written}: the chief (rank 0) alone must write"
-    chief = tmp_path / f"host{written[0]}"
-    assert (chief / "test_predictions.npz").exists()
-    history = json.loads((chief / "history.json").read_text())
-    digest, loss, auc = rank_reports(*(node.output for node in nodes))[0]
-    assert history["weights_sha256"] == digest and np.isclose(history["train_loss"][-1], loss)
+    written = [node for node in (0, 1) if (tmp_path / f"host{node}" / "train.json").exists()]
+    assert len(written) == 1, f"results written on hosts {written}: the chief (rank 0) alone must write"
+    result = protocol.read_result(tmp_path / f"host{written[0]}", "train")
+    assert_ranks_agree(result["ranks"], world_size=2)
+    assert result["history"]["train_loss"][-1] == result["ranks"][0]["train_loss"] and len(result["scores"])
 
 
 def test_chainermn_mpiexec_two_hosts(notebook_data, tmp_path, cluster):
     script = write_script("Chainer_MultiGPU", "train_chainermn.py", tmp_path)
-    config = write_config(tmp_path, notebook_data, 2, TINY, PRECISION_USED="fp32", DEVICE_KIND="cpu")
+    config = write_config(tmp_path, notebook_data, 2, TINY, precision_used="fp32")
     # two host names for this machine: Hydra starts local processes for both, as it would over ssh for real hosts
     command = cu.mpiexec_hosts_command(script, ["127.0.0.1", "localhost"], 1, config)
     launcher = cluster.start("mpiexec -hosts 127.0.0.1:1,localhost:1", command, env=cu.launch_env(2))
     cluster.check([launcher], LAUNCH_TIMEOUT)
 
-    reports = rank_reports(launcher.output)
-    assert_ranks_agree(reports, world_size=2)
-    history = json.loads((tmp_path / "history.json").read_text())  # one work folder: rank 0 alone writes it
-    assert history["weights_sha256"] == reports[0][0] and np.isclose(history["train_loss"][-1], reports[0][1])
+    result = protocol.read_result(tmp_path, "train")  # one work folder: rank 0 alone writes it
+    assert_ranks_agree(result["ranks"], world_size=2)
+    assert result["history"]["train_loss"][-1] == result["ranks"][0]["train_loss"] and len(result["scores"])
 
 
 def test_tensorflow_two_workers_with_tf_config(notebook_data, tmp_path, cluster):
@@ -81,18 +78,18 @@ def test_tensorflow_two_workers_with_tf_config(notebook_data, tmp_path, cluster)
         command = papermill_command(
             "Tensorflow_MultiGPU", tmp_path / f"worker{index}.ipynb", STRATEGY="multi_worker", DEVICES=1, **parameters
         )
-        env = {"TF_CONFIG": multinode.tf_config(workers, index), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env = {"TF_CONFIG": tf_config(workers, index), "TF_CPP_MIN_LOG_LEVEL": "2"}
         nodes.append(cluster.start(f"TensorFlow worker {index} (papermill)", command, env=env))
     cluster.check(nodes, NOTEBOOK_LAUNCH_TIMEOUT)
 
-    reports = rank_reports(*(node.output for node in nodes))
+    reports = [protocol.read_glued(tmp_path / f"worker{index}.ipynb")["rank_report"] for index in (0, 1)]
     assert_ranks_agree(reports, world_size=2)
     chief, other = (list((tmp_path / f"worker{index}" / "results").glob("*.json")) for index in (0, 1))
     assert not other, f"worker 1 wrote records: {other}"
     records = {record["data"]: record for record in map(json.loads, (path.read_text() for path in chief))}
     assert set(records) == {"generated", "synthetic-in-RAM"}
     assert records["generated"]["devices"] == 2, "the record counts the replicas of both workers"
-    assert np.isclose(records["generated"]["test_auc"], reports[0][2])
+    assert records["generated"]["test_auc"] == reports[0]["test_auc"]
 
 
 def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, cluster):
@@ -118,16 +115,14 @@ def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, c
     cluster.check(started[2:], NOTEBOOK_LAUNCH_TIMEOUT)
     cluster.check(started[:2], 30)  # the scheduler and the server exit when the workers leave
 
-    reports = rank_reports(*(node.output for node in started[2:]))
-    assert sorted(reports) == [0, 1], f"workers that reported: {sorted(reports)}"
+    reports = [protocol.read_glued(tmp_path / f"worker{index}.ipynb")["rank_report"] for index in (0, 1)]
     # the train loss is each worker's own part of the batches; the weights and the test must agree
-    (digest, _, auc), (other_digest, _, other_auc) = reports[0], reports[1]
-    assert digest == other_digest and auc == other_auc, f"the workers disagree: {reports}"
+    assert_ranks_agree(reports, world_size=2, same_loss=False)
     written = [list((tmp_path / f"worker{index}" / "results").glob("*.json")) for index in (0, 1)]
     assert sorted(map(len, written)) == [0, 2], f"records written: {written}: worker 0 alone writes them"
     records = {record["data"]: record for record in map(json.loads, (p.read_text() for p in written[0] + written[1]))}
     assert records["generated"]["devices"] == 2 and records["generated"]["kvstore"] == "dist_sync"
-    assert np.isclose(records["generated"]["test_auc"], auc)
+    assert records["generated"]["test_auc"] == reports[0]["test_auc"]
 
 
 def test_keras_fit_under_multi_worker_fails_as_documented(tmp_path, cluster):
@@ -138,7 +133,7 @@ def test_keras_fit_under_multi_worker_fails_as_documented(tmp_path, cluster):
         cluster.start(
             f"Keras worker {index}",
             [sys.executable, str(script)],
-            env={"TF_CONFIG": multinode.tf_config(workers, index), "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1"},
+            env={"TF_CONFIG": tf_config(workers, index), "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1"},
         )
         for index in (0, 1)
     ]

@@ -1,6 +1,6 @@
 import pytest
 
-from common import params
+from common import devices, params
 from common.errors import InputError
 
 
@@ -9,15 +9,58 @@ def test_global_batch_grows_with_devices():
     assert params.global_batch(64, 4) == 256
 
 
-def test_learning_rate_scales_linearly_with_devices():
-    assert params.learning_rate(1e-4, 1) == pytest.approx(1e-4)
-    assert params.learning_rate(1e-4, 8) == pytest.approx(8e-4)
+def test_learning_rate_scales_linearly_with_the_global_batch():
+    cfg = {"LEARNING_RATE": 1e-4}
+    assert params.learning_rate(cfg, params.REFERENCE_BATCH) == pytest.approx(1e-4)
+    assert params.learning_rate(cfg, 8 * params.REFERENCE_BATCH) == pytest.approx(8e-4)  # 8 devices
+    assert params.learning_rate(cfg, 4 * params.REFERENCE_BATCH) == params.learning_rate(cfg, 256)  # batch 256
+
+
+def test_the_cpu_demo_keeps_its_rate_of_1e_3_per_device_of_16_images():
+    cfg = params.fill("cpu")
+    assert params.learning_rate(cfg, params.global_batch(cfg["BATCH_SIZE_PER_DEVICE"], 2)) == pytest.approx(2e-3)
 
 
 @pytest.mark.parametrize("rate", [0, -1e-3, float("nan")])
 def test_learning_rate_rejects_non_positive_rates(rate):
-    with pytest.raises(InputError, match="LEARNING_RATE_PER_DEVICE must be positive"):
-        params.learning_rate(rate, 2)
+    with pytest.raises(InputError, match="LEARNING_RATE must be positive"):
+        params.learning_rate({"LEARNING_RATE": rate}, 2)
+
+
+@pytest.mark.parametrize(
+    ("memory_gib", "precision", "image_size", "batch"),
+    [
+        (141.0, "mixed", 224, 256),  # an H200: 256, enough for 0.93 of batch 512's speed
+        (40.0, "mixed", 224, 256),  # an A100 40GB
+        (40.0, "fp32", 224, 128),  # fp32 needs twice the memory per image
+        (24.0, "mixed", 224, 128),
+        (16.0, "fp32", 224, 64),
+        (16.0, "mixed", 448, 16),  # four times the pixels
+        (2.0, "fp32", 224, 16),  # never below the smallest choice
+    ],
+)
+def test_gpu_batch_follows_the_device_memory(memory_gib, precision, image_size, batch):
+    assert params.gpu_batch_size(memory_gib, precision, image_size) == batch
+
+
+def test_fill_chooses_the_gpu_batch_from_its_memory_unless_given(capsys):
+    h100, small = (devices.resolve(1, gpus=["GPU"], memory_gib=gib) for gib in (80.0, 12.0))
+    big = params.fill(h100, BATCH_SIZE_PER_DEVICE=None, PRECISION="mixed")
+    assert big["BATCH_SIZE_PER_DEVICE"] == 256 and "BATCH_SIZE_PER_DEVICE=256" in capsys.readouterr().out
+    assert params.fill(small, BATCH_SIZE_PER_DEVICE=None, PRECISION="fp32")["BATCH_SIZE_PER_DEVICE"] == 32
+    assert params.fill(h100, BATCH_SIZE_PER_DEVICE=32)["BATCH_SIZE_PER_DEVICE"] == 32  # given: kept
+    assert params.fill("gpu")["BATCH_SIZE_PER_DEVICE"] == params.GPU_DEFAULTS.BATCH_SIZE_PER_DEVICE  # memory unknown
+    assert (
+        params.fill(devices.resolve(2, gpus=[], cores=2))["BATCH_SIZE_PER_DEVICE"]
+        == params.CPU_DEFAULTS.BATCH_SIZE_PER_DEVICE
+    )
+
+
+def test_fill_refuses_an_unknown_precision_and_records_the_one_given():
+    assert params.fill("cpu", PRECISION="mixed")["PRECISION"] == "mixed"
+    assert params.fill("cpu")["PRECISION"] == "fp32"
+    with pytest.raises(InputError, match="PRECISION must be 'fp32' or 'mixed'"):
+        params.fill("cpu", PRECISION="fp8")
 
 
 def test_per_device_batch_splits_evenly():
@@ -69,7 +112,7 @@ def test_fill_replaces_none_with_cpu_defaults_and_keeps_given_values():
     assert cfg["MAX_IMAGES"] == params.CPU_DEFAULTS.MAX_IMAGES
     assert cfg["BATCH_SIZE_PER_DEVICE"] == 8  # given: kept
     assert cfg["DEVICES"] is None  # not a default: passed through
-    assert cfg["LEARNING_RATE_PER_DEVICE"] == params.CPU_DEFAULTS.LEARNING_RATE_PER_DEVICE
+    assert cfg["LEARNING_RATE"] == params.CPU_DEFAULTS.LEARNING_RATE
     assert cfg["BENCH_STEPS"] == params.CPU_DEFAULTS.BENCH_STEPS
 
 
@@ -88,7 +131,7 @@ def test_fill_uses_gpu_defaults_without_the_demo_note(capsys):
     assert cfg["BATCH_SIZE_PER_DEVICE"] == params.GPU_DEFAULTS.BATCH_SIZE_PER_DEVICE
     assert cfg["IMAGE_SIZE"] == params.GPU_DEFAULTS.IMAGE_SIZE
     assert cfg["MAX_IMAGES"] is None  # the full data set
-    assert cfg["LEARNING_RATE_PER_DEVICE"] == params.BASE_LEARNING_RATE
+    assert cfg["LEARNING_RATE"] == params.BASE_LEARNING_RATE
     out = capsys.readouterr().out
     assert "Defaults for gpu" in out
     assert "CPU demo" not in out

@@ -65,6 +65,17 @@ def test_build_writes_markdown_and_plots(results_dir, tmp_path):
     assert (tmp_path / "out" / "utilization-PyTorch_MultiGPU-2dev.png").stat().st_size > 0
 
 
+def test_the_report_compares_where_each_runs_time_went(results_dir, tmp_path):
+    rows = [{"phase": "start-up", "start": 0.0, "seconds": 2.0}, {"phase": "train", "start": 2.0, "seconds": 6.0}]
+    results.write(record(devices=2, phases=rows, timestamp="2099-01-01T00:00:00+00:00"), results_dir)
+    table = report.phase_table(results.load_all(results_dir))
+    assert list(table.index) == ["PyTorch_MultiGPU (2 dev)"]  # the records without phases are left out
+    assert table.loc["PyTorch_MultiGPU (2 dev)", "train"] == 6.0 and table["steps share"].item() == 0.75
+    text = report.build(results_dir, tmp_path / "out").read_text()
+    assert "## Where the time went" in text and "| PyTorch_MultiGPU (2 dev) | 2.0 | 6.0 | 0.0 | 75% |" in text
+    assert (tmp_path / "out" / "phases.png").stat().st_size > 0
+
+
 def test_update_readme_replaces_only_the_results_block(results_dir, tmp_path):
     run_dir = tmp_path / "runs" / "20260101-000000"
     shutil.copytree(results_dir, run_dir / "results")

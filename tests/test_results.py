@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 from records import complete_record
 
-from common import results
+from common import devices, metrics, protocol, results
 from common.errors import InputError
+from common.phases import Phases
 
 
 def test_new_record_fills_run_id_commit_and_timestamp():
@@ -149,3 +150,54 @@ def test_atomic_write_keeps_the_mode_of_a_file_it_replaces(tmp_path):
     path.chmod(0o640)
     results.atomic_write(path, lambda file: file.write("new"))
     assert path.read_text() == "new" and path.stat().st_mode & 0o777 == 0o640
+
+
+class Watched:
+    """What a Monitor gives a record: a summary, its samples and when it started."""
+
+    started = 1000.0
+
+    def summary(self):
+        return {"cpu": {"utilization_mean_percent": 90.0, "memory_peak_mib": 10.0}}
+
+    def frame(self):
+        return pd.DataFrame({"seconds": [0.0], "device": ["cpu"], "utilization_percent": [90.0], "memory_mib": [10.0]})
+
+
+def test_a_runs_two_records_share_its_fields_and_are_complete(tmp_path):
+    hardware = devices.resolve(2, gpus=[], cores=2)
+    run = results.Run(
+        "pytorch",
+        "PyTorch_MultiGPU",
+        hardware,
+        devices=2,
+        precision="fp32",
+        global_batch=32,
+        image_size=64,
+        learning_rate=2e-3,
+        packages=("torch",),
+        compile=False,
+    )
+    history = {
+        **protocol.new_history(train_images=100, images_per_epoch=96),
+        "epoch_seconds": [4.0, 2.0],
+        "train_loss": [0.5, 0.3],
+        "valid_auc": [0.6, 0.7],
+        "data_wait_seconds": [0.1, 0.0],
+    }
+    auc = metrics.AUC({"Mass": 0.8}, 0.8)
+    phases = Phases()
+    phases.add("train", 1000.0, 1004.0, 1)
+    trained, benchmarked = run.training("generated", 2, history, auc, Watched(), phases), run.benchmark(50.0, Watched())
+    for record in (trained, benchmarked):
+        results.validate(record.fields)
+        assert record.fields["learning_rate"] == 2e-3 and record.fields["compile"] is False
+        assert record.fields["utilization_started"] == 1000.0 and len(record.utilization) == 1
+    assert trained.fields["images_per_second"] == 48.0  # the first epoch left out
+    assert trained.fields["phases"] == phases.rows() and trained.fields["data_wait_seconds"] == [0.1, 0.0]
+    assert benchmarked.fields["data"] == results.IN_RAM and benchmarked.fields["epochs"] == 0
+    # a variant that used fewer devices says so in its own record
+    assert run.benchmark(50.0, Watched(), devices=1, variant="single").fields["devices"] == 1
+    assert len(results.write_all([trained, benchmarked], tmp_path)) == 2
+    assert results.write_all([trained], tmp_path / "other", chief=False, who="worker 1") == []
+    assert not (tmp_path / "other").exists()

@@ -6,6 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from common.kernel import NAME as KERNEL
 from common.run import COMPARES_PLACEMENTS
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
@@ -23,7 +24,6 @@ PARAMETERS = {
     "RESULTS_DIR",
     "BENCH_STEPS",
 }
-KERNEL = "multigpu-notebooks"
 # The data-parallel notebooks train for many epochs and can resume; the placement notebooks compare short runs.
 CHECKPOINTING = {"CHECKPOINT_DIR", "RESUME"}
 

@@ -6,8 +6,6 @@ from notebook_harness import NotebookContract, assert_stops_before_training
 class TestTensorflowNotebook(NotebookContract):
     NOTEBOOK = "Tensorflow_MultiGPU"
     FRAMEWORK = "tensorflow"
-    # nbval on one device: tracing the two-replica graph takes most of a minute on a CPU; the runs above cover it
-    NBVAL_PARAMETERS = dict(DEVICES=1)
 
     def test_records_name_the_strategy(self, runs):
         assert {runs[d]["generated"]["strategy"] for d in (1, 2)} == {"mirrored"}

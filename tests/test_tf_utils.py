@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from common import checkpoints, chestxray, params
+from common import checkpoints, chestxray, params, protocol
+from common import keras_callbacks as kc
 from common import tf_utils as tfu
 from common.errors import InputError
+from common.phases import Phases
 
 
 def test_densenet121_has_the_shared_parameter_count():
@@ -97,10 +99,13 @@ def test_keras_refuses_multi_worker_naming_the_upstream_issue():
         tfu.check_keras_strategy("multi_worker")
 
 
-def test_step_timer_leaves_out_the_warm_up_steps():
-    timer = tfu.StepTimer(global_batch=10, warmup=2)
-    timer._times = [0.0, 5.0, 6.0, 7.0, 8.0]  # a slow first step (tracing), then one per second
+def test_step_timer_leaves_out_the_warm_up_steps_and_records_both_as_phases():
+    phases = Phases()
+    timer = kc.StepTimer(global_batch=10, warmup=2, phases=phases)
+    timer._times = [0.0, 4.0, 5.0, 6.0, 7.0, 8.0]  # the start, a slow first step (tracing), then one per second
+    timer.on_train_end()
     assert timer.images_per_second == pytest.approx(10.0)
+    assert [(row["phase"], row["seconds"]) for row in phases.rows()] == [("benchmark warm-up", 5.0), ("benchmark", 3.0)]
 
 
 def test_mixed_precision_is_bf16_on_cpu_with_a_float32_head():
@@ -176,11 +181,11 @@ def test_a_restored_custom_loop_checkpoint_continues_exactly_like_the_uninterrup
 
     model, optimizer, state = build()
     train(model, optimizer, data[:3])
-    tfu.save_checkpoint(state, tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]})
+    tfu.save_checkpoint(tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]}, state)
     train(model, optimizer, data[3:])
 
     resumed_model, resumed_optimizer, resumed_state = build()
-    assert tfu.restore_checkpoint(resumed_state, checkpoints.complete(tmp_path)[-1]) == 3
+    assert tfu.load_checkpoint(checkpoints.complete(tmp_path)[-1], resumed_state) == (3, {"train_loss": [0.5]})
     assert int(resumed_optimizer.iterations) == 3  # the learning-rate schedule resumes at step 3
     train(resumed_model, resumed_optimizer, data[3:])
     for expected, found in zip(model.get_weights(), resumed_model.get_weights()):
@@ -203,10 +208,10 @@ def test_keras_epoch_checkpoints_resume_model_fit_exactly_and_keep_the_history(t
         model.compile(optimizer=tfu.make_optimizer(0.1, steps=12), loss="mse")
         return model
 
-    def fit(model, first, last, folder=None, resume=None):
-        timer, auc = tfu.EpochTimer(), FixedAUC()
+    def fit(model, first, last, history, folder=None, phases=None):
+        auc = FixedAUC()
         auc.history = []
-        log = tfu.EpochCheckpoints(timer, auc, folder, {"EPOCHS": 3}, resume)
+        log = kc.EpochLog(phases or Phases(), auc, history, folder, {"EPOCHS": 3})
         model.fit(
             images,
             labels,
@@ -215,19 +220,24 @@ def test_keras_epoch_checkpoints_resume_model_fit_exactly_and_keep_the_history(t
             epochs=last,
             initial_epoch=first,
             verbose=0,
-            callbacks=[timer, auc, log],
+            callbacks=[auc, log],
         )
         return log.history
 
-    model = build()
-    fit(model, 0, 2, tmp_path)
+    model, phases = build(), Phases()
+    fit(model, 0, 2, protocol.new_history(16, 16), tmp_path, phases)
     resume = checkpoints.complete(tmp_path)[-1]
-    fit(model, 2, 3)
+    fit(model, 2, 3, protocol.new_history(16, 16))
+    # the first step traced the graph; each epoch trained, then validated (here: nothing to validate)
+    assert [row["phase"] for row in phases.rows()][:3] == ["first steps", "train", "validate"]
+    assert [row.get("epoch") for row in phases.rows() if row["phase"] == "train"] == [1, 2]
 
     resumed = build()
-    assert tfu.restore(resumed, resume) == 2
-    history = fit(resumed, 2, 3, tmp_path, resume)
+    epoch, history = kc.load_checkpoint(resume, resumed)
+    assert epoch == 2 and len(history["train_loss"]) == 2
+    history = fit(resumed, 2, 3, history, tmp_path)
     assert len(history["epoch_seconds"]) == len(history["train_loss"]) == len(history["valid_auc"]) == 3
+    assert history["data_wait_seconds"] == [None] * 3  # model.fit reads its batches inside the traced step
     assert [checkpoint.epoch for checkpoint in checkpoints.complete(tmp_path)] == [2, 3]
     for expected, found in zip(model.get_weights(), resumed.get_weights()):
         np.testing.assert_array_equal(found, expected)

@@ -1,4 +1,5 @@
-"""Several "nodes" of a distributed run on one machine: free ports, a time bound, nothing left running.
+"""Several "nodes" of a distributed run on one machine, for the multi-node tests: free ports, a time bound, nothing
+left running.
 
 Framework-neutral: the launch commands and environment variables come from each framework's helpers.
 A real multi-node run starts the same commands on different hosts; on one machine they are processes.
@@ -6,7 +7,6 @@ A real multi-node run starts the same commands on different hosts; on one machin
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -37,15 +37,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-def tf_config(workers: list[str], index: int) -> str:
-    """The ``TF_CONFIG`` of worker ``index`` in a cluster of ``workers`` (``host:port`` each, the same list everywhere).
-
-    TensorFlow's ``MultiWorkerMirroredStrategy`` reads it from the environment. Every worker gets the same
-    cluster and its own index; worker 0 is the chief, which writes the results.
-    """
-    return json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
 
 
 @dataclass
