@@ -11,7 +11,6 @@ import math
 import shutil
 import sys
 import sysconfig
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from common.chainer_import import chainer, chainermn
 from common.devices import threads_per_device
 from common.errors import InputError
 from common.params import BATCH_NORM_MOMENTUM, NUM_CLASSES
+from common.phases import timed_steps
 
 F = chainer.functions
 L = chainer.links
@@ -426,17 +426,12 @@ def time_steps(
     rng = np.random.default_rng(0)
     images = device.send(rng.standard_normal((batch_size, 3, image_size, image_size), np.float32).astype(dtype))
     labels = device.send(rng.integers(0, 2, (batch_size, NUM_CLASSES)).astype(np.int32))
-    warmup = time.time()
-    for step in range(steps + 2):
-        if step == 2:
-            synchronize(device)
-            start, timed = time.time(), time.perf_counter()
-        optimizer.update(lambda: sigmoid_loss(model(images), labels))
-    synchronize(device)
-    seconds = time.perf_counter() - timed
-    if phases is not None:
-        phases.add("benchmark warm-up", warmup, start)
-        phases.add("benchmark", start, start + seconds)
+    seconds = timed_steps(
+        lambda: optimizer.update(lambda: sigmoid_loss(model(images), labels)),
+        steps,
+        lambda _: synchronize(device),
+        phases,
+    )
     return steps * batch_size * comm.size / seconds
 
 

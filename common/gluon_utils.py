@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from common import checkpoints, devices, image_transforms, protocol
 from common.errors import InputError
 from common.mxnet_import import load
 from common.params import NUM_CLASSES
+from common.phases import timed_steps
 
 mx = load()
 from mxnet import autograd, gluon  # noqa: E402 (MXNet is imported through the helper above)
@@ -203,17 +203,7 @@ def time_steps(train_step, global_batch: int, image_size: int, steps: int, worke
     batch_size = global_batch // workers
     images = mx.nd.random.normal(shape=(batch_size, 3, image_size, image_size))
     labels = mx.nd.random.randint(0, 2, shape=(batch_size, NUM_CLASSES)).astype("float32")
-    warmup = time.time()
-    for step in range(steps + 2):
-        if step == 2:
-            mx.nd.waitall()
-            start, timed = time.time(), time.perf_counter()
-        train_step(images, labels)
-    mx.nd.waitall()
-    seconds = time.perf_counter() - timed
-    if phases is not None:
-        phases.add("benchmark warm-up", warmup, start)
-        phases.add("benchmark", start, start + seconds)
+    seconds = timed_steps(lambda: train_step(images, labels), steps, lambda _: mx.nd.waitall(), phases)
     return steps * global_batch / seconds
 
 

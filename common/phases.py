@@ -119,6 +119,26 @@ def outside_steps(rows: list[dict]) -> float:
     return sum(row["seconds"] for row in rows if row["phase"] not in counted)
 
 
+def timed_steps(step, steps: int, wait, phases: Phases | None = None, warmup: int = 2) -> float:
+    """Seconds of ``steps`` calls of ``step()`` after ``warmup`` untimed ones (tracing, autotuning, allocation):
+    every framework's in-RAM benchmark. ``wait(result)`` blocks until the devices have finished the step that
+    returned ``result``; ``phases`` gets the warm-up and the timed steps."""
+    began = time.time()
+    result = None
+    for _ in range(warmup):
+        result = step()
+    wait(result)
+    start, timed = time.time(), time.perf_counter()
+    for _ in range(steps):
+        result = step()
+    wait(result)
+    seconds = time.perf_counter() - timed
+    if phases is not None:
+        phases.add("benchmark warm-up", began, start)
+        phases.add("benchmark", start, start + seconds)
+    return seconds
+
+
 class BatchWait:
     """Iterate over a data loader and count the seconds spent waiting for its next batch.
 

@@ -8,7 +8,6 @@ TensorFlow fixes its logical devices and thread pools when its runtime first sta
 from __future__ import annotations
 
 import json
-import time
 
 import keras
 import numpy as np
@@ -18,6 +17,7 @@ from common import checkpoints, protocol
 from common import devices as common_devices
 from common.errors import InputError
 from common.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+from common.phases import timed_steps
 
 STRATEGIES = ("mirrored", "central_storage", "multi_worker")
 
@@ -342,17 +342,7 @@ def time_steps(
     def step():
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(train_step, args=batch), axis=None)
 
-    warmup = time.time()
-    for _ in range(2):
-        step().numpy()
-    start, timed = time.time(), time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    loss.numpy()  # reading the last loss back waits for the devices to finish
-    seconds = time.perf_counter() - timed
-    if phases is not None:
-        phases.add("benchmark warm-up", warmup, start)
-        phases.add("benchmark", start, start + seconds)
+    seconds = timed_steps(step, steps, lambda loss: loss.numpy(), phases)  # reading a loss back waits for its step
     return steps * batch_per_replica * strategy.num_replicas_in_sync / seconds
 
 

@@ -11,7 +11,6 @@ import itertools
 import os
 import random
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +26,7 @@ from common import checkpoints, protocol
 from common.devices import threads_per_device
 from common.errors import InputError
 from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+from common.phases import timed_steps
 
 
 @dataclass(frozen=True)
@@ -301,19 +301,7 @@ def images_per_second(step, batch_size: int, steps: int, devices, phases=None) -
     clock stops when their queued work is done without creating a CUDA context on a GPU the step never used.
     ``phases`` (a :class:`common.phases.Phases`) gets the warm-up and the timed steps.
     """
-    warmup = time.time()
-    for _ in range(2):
-        step()
-    synchronize(devices)
-    start, timed = time.time(), time.perf_counter()
-    for _ in range(steps):
-        step()
-    synchronize(devices)
-    seconds = time.perf_counter() - timed
-    if phases is not None:
-        phases.add("benchmark warm-up", warmup, start)
-        phases.add("benchmark", start, start + seconds)
-    return steps * batch_size / seconds
+    return steps * batch_size / timed_steps(step, steps, lambda _: synchronize(devices), phases)
 
 
 def synchronize(devices) -> None:
