@@ -1,7 +1,7 @@
 """The Jupyter kernel every notebook runs on: its name, defined here once, and its installation.
 
-    python -m common.kernel                  # into this environment (``make setup`` does this)
-    python -m common.kernel --prefix /tmp/j  # elsewhere; then JUPYTER_PATH=/tmp/j/share/jupyter finds it
+python -m common.kernel                  # into this environment (``make setup`` does this)
+python -m common.kernel --prefix /tmp/j  # elsewhere; then JUPYTER_PATH=/tmp/j/share/jupyter finds it
 """
 
 from __future__ import annotations

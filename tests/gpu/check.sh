@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# GPU check: every notebook, briefly, on this machine's NVIDIA GPUs.
+# GPU check: the notebooks briefly on this machine's NVIDIA GPUs, and with --tests the PyTorch part of the test suite.
 #
-# What it checks: each notebook in notebooks/ runs end to end on the GPU code path at DEVICES=1 and, with more than
-# one GPU, at DEVICES=<all GPUs> (the two placement notebooks once, on all GPUs; PyTorch_ModelParallel needs two),
-# with PRECISION="mixed" (bf16 or fp16 per framework and GPU), for one epoch on a
-# 1,200-image generated stand-in at 224 px, then its synthetic-data benchmark (20 timed steps). A notebook that
-# fails is listed and makes the script exit non-zero. It records training and in-RAM images/s and the peak memory of
-# every GPU per framework into one results folder (runs/gpu-check-<time>/) and prints them as a table.
-# What it does not check: accuracy (one epoch from scratch), multi-node launches, or speed against any threshold.
+#   tests/gpu/check.sh            the notebooks (within 8 minutes on one modern GPU)
+#   tests/gpu/check.sh --tests    then pytest (papermill and nbval included) on the PyTorch tests, on the GPU
 #
-# Budget: the runs must finish within 8 minutes on one modern GPU (a hard timeout of 480 s). The first
-# `make setup GPU=1` that installs the CUDA builds is not part of it. Without a GPU the script says so and exits 0.
+# What it checks: each notebook whose framework is installed runs end to end on the GPU code path at DEVICES=1 and,
+# with more than one GPU, at DEVICES=<all GPUs> (the two placement notebooks once, on all GPUs; PyTorch_ModelParallel
+# needs two), with PRECISION="mixed" and the defaults a GPU gets (the batch per device chosen from its memory), for two
+# epochs on a 1,200-image generated stand-in at 224 px, then its synthetic-data benchmark (20 timed steps). A notebook
+# that fails is listed and makes the script exit non-zero. It prints, per run, the batch chosen, training and in-RAM
+# images/s and the peak memory of every GPU, then where each run's time went (the phases of its record).
+# What it does not check: accuracy (two epochs from scratch), multi-node launches, or speed against any threshold.
+#
+# The Python: .venv where `make setup GPU=1` made one; otherwise this machine's python3, which needs torch and
+# torchvision, and finds papermill, the Jupyter kernel, pytest and nbval in the wheels of tests/gpu/fetch-wheels.sh
+# (fetched where the network is, in .gpu-wheels/ of this checkout). On such a machine the notebooks of frameworks that
+# are not installed (TensorFlow, MXNet, Chainer) are skipped, each with a line that says so.
+# Without a GPU the script says so and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -18,32 +24,70 @@ if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     echo "tests/gpu/check.sh: skipped, no NVIDIA GPU here (nvidia-smi lists none)"
     exit 0
 fi
-make setup GPU=1
+
+if [ -x .venv/bin/python ]; then
+    PY=.venv/bin/python
+else
+    PY=python3
+    scratch=$(mktemp -d)
+    if [ -d .gpu-wheels ]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$scratch/site" .gpu-wheels/*.whl
+        export PATH="$scratch/site/bin:$PATH" PYTHONPATH="$scratch/site"
+    fi
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    "$PY" -m common.kernel --prefix "$scratch/jupyter" >/dev/null
+    export JUPYTER_PATH="$scratch/jupyter/share/jupyter"
+fi
+export MPLBACKEND=Agg PYTHONUNBUFFERED=1
+echo "python: $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
+
+notebooks=(PyTorch_MultiGPU PyTorch_MultiGPU-Exp-Loss PyTorch_ModelParallel)
+for notebook_module in Tensorflow_MultiGPU:tensorflow Keras_TF_MultiGPU:keras Gluon_MultiGPU:mxnet \
+    Chainer_MultiGPU:chainer; do
+    notebook=${notebook_module%%:*} module=${notebook_module#*:}
+    if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)"; then
+        notebooks+=("$notebook")
+    else
+        echo "$notebook: skipped, $module is not installed for $PY"
+    fi
+done
 
 out="runs/gpu-check-$(date +%Y%m%d-%H%M%S)"
-data=$(.venv/bin/python -c "from common import synthetic; print(synthetic.ensure(n_images=1200, image_size=256))")
+data=$("$PY" -c "from common import synthetic; print(synthetic.ensure(n_images=1200, image_size=256))")
 status=0
-timeout --kill-after 20 480 .venv/bin/python -m common.run --data-dir "$data" --out "$out" \
-    -p EPOCHS 1 -p IMAGE_SIZE 224 -p MAX_IMAGES 1200 -p BENCH_STEPS 20 -p PRECISION mixed || status=$?
+timeout --kill-after 20 480 "$PY" -m common.run --data-dir "$data" --out "$out" --notebooks "${notebooks[@]}" \
+    -p EPOCHS 2 -p IMAGE_SIZE 224 -p MAX_IMAGES 1200 -p BENCH_STEPS 20 -p PRECISION mixed || status=$?
 if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
     echo "tests/gpu/check.sh: the runs took longer than 480 s (the 8-minute budget); see $out/executed/" >&2
 fi
 
-.venv/bin/python - "$out" <<'PY'
+"$PY" - "$out" <<'PY'
 import sys
 
 import pandas as pd
 
 from common import report, results
 
+records = results.load_all(f"{sys.argv[1]}/results")
 rows = []
-for record in results.load_all(f"{sys.argv[1]}/results"):
+for record in records:
     memory = {device: value["memory_peak_mib"] for device, value in record["device_utilization"].items()}
     rows.append({"notebook": report.label(record), "devices": record["devices"], "data": record["data"],
-                 "precision": record["precision"], "images/s": round(record["images_per_second"], 1),
+                 "batch/device": record["global_batch"] // record["devices"], "images/s": round(record["images_per_second"], 1),
                  "peak MiB per GPU": " ".join(f"{device}:{mib:.0f}" for device, mib in sorted(memory.items()))})
+pd.set_option("display.width", 200)
 if rows:
-    print(pd.DataFrame(rows).sort_values(["notebook", "devices", "data"]).to_string(index=False))
+    print(pd.DataFrame(rows).sort_values(["notebook", "devices", "data"]).to_string(index=False), "\n")
+    print("seconds per phase:")
+    print(report.phase_table(records).round(1).to_string(), "\n")
 print(f"records and executed notebooks: {sys.argv[1]}")
 PY
+
+if [ "${1:-}" = "--tests" ]; then
+    # the PyTorch part of the suite: the PyTorch notebooks under papermill and nbval, and what they are built from
+    timeout --kill-after 20 1500 "$PY" -m pytest -p no:cacheprovider -q --durations=10 \
+        tests/test_gpu_notebooks.py \
+        tests/test_torch_utils.py tests/test_torch_training.py tests/test_protocol.py tests/test_phases.py \
+        tests/test_params.py tests/test_devices.py tests/test_results.py tests/test_structure.py || status=$?
+fi
 exit "$status"
