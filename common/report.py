@@ -16,6 +16,7 @@ import pandas as pd
 from common import phases, plots, results
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+PHASES_START, PHASES_END = "<!-- phases:start -->", "<!-- phases:end -->"
 COLUMNS = {
     "notebook": "notebook",
     "devices": "devices",
@@ -248,6 +249,9 @@ def update_readme(readme, run_dir) -> None:
     day = max(r["timestamp"] for r in records)[:10]
     note = f"Produced by `make run` on {day} (run `{run_dir.name}`); devices: {describe_devices(records)}."
     replace_block(readme, README_START, README_END, f"{note}\n\n{table_section(summary_table(records))}")
+    spent = phase_table(records)
+    if len(spent):
+        replace_block(readme, PHASES_START, PHASES_END, f"From `make run` `{run_dir.name}`:\n\n{phases_section(spent)}")
 
 
 def replace_block(path, start: str, end: str, content: str) -> None:

@@ -87,6 +87,19 @@ def test_update_readme_replaces_only_the_results_block(results_dir, tmp_path):
     assert text.count("| PyTorch_MultiGPU") == 2 and "20260101-000000" in text
 
 
+def test_update_readme_fills_the_phases_block_from_the_same_run(results_dir, tmp_path):
+    run_dir = tmp_path / "runs" / "20260101-000000"
+    shutil.copytree(results_dir, run_dir / "results")
+    rows = [{"phase": "start-up", "start": 0.0, "seconds": 1.0}, {"phase": "train", "start": 1.0, "seconds": 3.0}]
+    results.write(record(devices=2, phases=rows, timestamp="2099-01-01T00:00:00+00:00"), run_dir / "results")
+    readme = tmp_path / "README.md"
+    blocks = (report.README_START, report.README_END, report.PHASES_START, report.PHASES_END)
+    readme.write_text("{}\nold\n{}\nmiddle\n{}\nold\n{}\n".format(*blocks))
+    report.update_readme(readme, run_dir)
+    text = readme.read_text()
+    assert "old" not in text and "middle" in text and "| PyTorch_MultiGPU (2 dev) | 1.0 | 3.0 | 0.0 | 75% |" in text
+
+
 def test_parse_value():
     assert run.parse_value("2") == 2
     assert run.parse_value("None") is None
