@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 GPU ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1 || echo 0)
 STAMP := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
 
-.PHONY: setup run test lab lint bench-loader readme clean
+.PHONY: setup run test lab lint prepare bench-loader readme clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,10 @@ run: setup
 
 test: setup
 	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+
+# Checks every image of DATA_DIR once and writes the copy every notebook trains from (IMAGE_SIZE=224 by default).
+prepare: setup
+	$(PY) -m common.prepare "$(or $(DATA_DIR),$(error set DATA_DIR=/path/to/chestxray14))" $(if $(IMAGE_SIZE),--image-size $(IMAGE_SIZE))
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks

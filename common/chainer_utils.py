@@ -300,13 +300,14 @@ def recompute_batch_norm_statistics(model: chainer.Link, batches, comm) -> int:
 class ChestXrayImages(chainer.dataset.DatasetMixin):
     """The images numbered ``indices`` of a :class:`common.chestxray.Split`; items are (image, labels, index).
 
-    :mod:`common.image_transforms` decodes and augments. Items are evaluation images (resize, center crop);
+    The pixels are the split's (the prepared copy's row, or the PNG); :mod:`common.image_transforms` augments them.
+    Items are evaluation images (resize, center crop);
     :meth:`load` with an ``epoch`` gives the augmented training image, drawn from ``(seed, epoch, index)``: the
     same crop whichever rank or decode process loads it, on any number of devices.
     """
 
     def __init__(self, split, indices, image_size: int, seed: int = 0):
-        self.paths, self.labels = split.paths, split.labels.astype(np.int32)  # Chainer's sigmoid loss wants int
+        self.split, self.labels = split, split.labels.astype(np.int32)  # Chainer's sigmoid loss wants int
         self.indices, self.image_size, self.seed = np.asarray(indices, np.int64), image_size, seed
 
     def __len__(self) -> int:
@@ -317,7 +318,7 @@ class ChestXrayImages(chainer.dataset.DatasetMixin):
 
     def load(self, index: int, epoch: int | None = None):
         augment = None if epoch is None else (self.seed, epoch, index)
-        pixels = image_transforms.load(self.paths[index], self.image_size, augment)
+        pixels = image_transforms.transform(self.split.pixels(index), self.image_size, augment)
         return pixels, self.labels[index], np.int32(index)
 
 

@@ -16,8 +16,11 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from common import prepare
 from common.errors import InputError
+from common.image_io import read_gray
 from common.params import FINDINGS
+from common.prepare import Prepared
 
 CSV_NAME = "Data_Entry_2017.csv"
 TRAIN_VAL_LIST = "train_val_list.txt"
@@ -29,14 +32,26 @@ SPLIT_NAMES = ("train", "valid", "test")
 
 @dataclass
 class Split:
-    """One part of the data: image paths, multi-hot labels (n x 14), patient ids."""
+    """One part of the data: image paths, multi-hot labels (n x 14), patient ids, and where the pixels come from.
+
+    With a prepared copy (:mod:`common.prepare`) ``rows`` are the images' rows in it; without, each image is
+    decoded from its PNG. Every framework's input pipeline reads pixels through :meth:`pixels`.
+    """
 
     paths: list[str]
     labels: np.ndarray
     patients: np.ndarray
+    prepared: Prepared | None = None
+    rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def pixels(self, index: int) -> np.ndarray:
+        """Image ``index`` as gray uint8 pixels: its row of the prepared copy, or its PNG decoded."""
+        if self.prepared is not None:
+            return self.prepared.pixels(int(self.rows[index]))
+        return read_gray(self.paths[index])
 
     def prevalence(self) -> pd.Series:
         return pd.Series(self.labels.mean(axis=0), index=list(FINDINGS), name="prevalence")
@@ -180,16 +195,21 @@ def subsample_patients(entries: pd.DataFrame, max_images: int | None, seed: int)
     return entries[entries["Patient ID"].isin(kept)]
 
 
-def load(data_dir, max_images: int | None = None, seed: int = 0, check: bool = True) -> dict[str, Split]:
+def load(
+    data_dir, max_images: int | None = None, seed: int = 0, check: bool = True, prepared_size: int | None = None
+) -> dict[str, Split]:
     """Read, check and split a ChestX-ray14 folder: ``{"train": Split, "valid": Split, "test": Split}``.
 
-    Every problem a user can fix (missing files, bad labels, unreadable images)
-    is raised here, before any training time is spent.
+    Every problem a user can fix (missing files, bad labels, unreadable images) is raised here, before any
+    training time is spent. With ``prepared_size``, the splits read the prepared copy of the whole folder at that
+    size, made now if it is missing or stale (which checks every image) and trusted after a cheap check otherwise;
+    ``check=False`` (a launched training process) only opens it. Without, ``check`` decodes every image once.
     """
     entries = read_entries(data_dir)
+    prepared = _prepared(data_dir, entries, prepared_size, make=check) if prepared_size else None
     entries = subsample_patients(entries, max_images, seed).reset_index(drop=True)
     paths = locate_images(data_dir, entries["Image Index"].tolist())
-    if check:
+    if check and prepared is None:
         check_images(paths)
     parts, _ = assign_splits(entries, data_dir, seed)
     labels = multi_hot(entries["Finding Labels"])
@@ -202,8 +222,25 @@ def load(data_dir, max_images: int | None = None, seed: int = 0, check: bool = T
                 f"The {name} split of {data_dir} is empty ({len(entries)} images in all): "
                 f"raise MAX_IMAGES or use the full data set."
             )
-        splits[name] = Split([paths[i] for i in rows], labels[rows], patients[rows])
+        split_paths = [paths[i] for i in rows]
+        splits[name] = Split(
+            split_paths, labels[rows], patients[rows], prepared, prepared and prepared.rows(split_paths)
+        )
     return splits
+
+
+def _prepared(data_dir, entries: pd.DataFrame, size: int, make: bool) -> Prepared:
+    """The prepared copy of every image in the CSV at ``size``: made (or remade) if ``make``, else it must exist."""
+    paths = locate_images(data_dir, entries["Image Index"].tolist())
+    if make:
+        return prepare.ensure(data_dir, paths, size)
+    found = prepare.find(data_dir, paths, size)
+    if found is None:
+        raise InputError(
+            f"{data_dir} has no valid prepared copy at {size} px: the notebooks make it in their Data section, or run "
+            f"`make prepare DATA_DIR={data_dir} IMAGE_SIZE=...` first."
+        )
+    return found
 
 
 def describe(splits: dict[str, Split]) -> pd.DataFrame:

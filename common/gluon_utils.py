@@ -208,7 +208,8 @@ def time_steps(train_step, global_batch: int, image_size: int, steps: int, worke
 
 
 class ChestXrayDataset(gluon.data.Dataset):
-    """Decodes one PNG and augments it (:mod:`common.image_transforms`); items are (image, labels).
+    """One image of a :class:`common.chestxray.Split` (the prepared copy's row, or its PNG), augmented by
+    :mod:`common.image_transforms`; items are (image, labels).
 
     Training items are keyed ``epoch * len(self) + index`` by :class:`EpochBatchSampler`: the augmentation
     is drawn from ``(seed, epoch, index)``, so the same ``SEED`` gives the same images whichever decode
@@ -216,16 +217,16 @@ class ChestXrayDataset(gluon.data.Dataset):
     """
 
     def __init__(self, split, image_size: int, training: bool, seed: int = 0):
-        self.paths, self.labels = list(split.paths), split.labels.astype(np.float32)
+        self.split, self.labels = split, split.labels.astype(np.float32)
         self.image_size, self.training, self.seed = image_size, training, seed
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.split)
 
     def __getitem__(self, key: int):
         epoch, index = divmod(int(key), len(self))
         augment = (self.seed, epoch, index) if self.training else None
-        return image_transforms.load(self.paths[index], self.image_size, augment), self.labels[index]
+        return image_transforms.transform(self.split.pixels(index), self.image_size, augment), self.labels[index]
 
 
 class EpochBatchSampler:

@@ -14,7 +14,6 @@ import math
 import numpy as np
 from PIL import Image, ImageOps
 
-from common.errors import InputError
 from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD
 
 _MEAN = np.array(IMAGENET_MEAN, np.float32)[:, None, None]
@@ -33,13 +32,10 @@ def random_crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[
     return 0, 0, width, height  # the whole image, as torchvision does for in-range aspect ratios
 
 
-def load(path: str, image_size: int, augment: tuple[int, int, int] | None = None) -> np.ndarray:
-    """The image at ``path`` as a float32 array (3, size, size); ``augment=(seed, epoch, index)`` for training."""
-    try:
-        with Image.open(path) as file:
-            image = file.convert("L")
-    except (OSError, ValueError) as error:
-        raise InputError(f"Cannot read image {path} ({error}): replace or remove the file.") from None
+def transform(pixels: np.ndarray, image_size: int, augment: tuple[int, int, int] | None = None) -> np.ndarray:
+    """Gray uint8 ``pixels`` (a split's :meth:`~common.chestxray.Split.pixels`) as a float32 array (3, size, size);
+    ``augment=(seed, epoch, index)`` for training."""
+    image = Image.fromarray(pixels)
     size = (image_size, image_size)
     if augment is None:  # the short side resized to the image size, then the center crop
         image = ImageOps.fit(image, size, Image.BILINEAR)

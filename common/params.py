@@ -103,6 +103,12 @@ def defaults(device_kind: str) -> Defaults:
     return GPU_DEFAULTS if device_kind == "gpu" else CPU_DEFAULTS
 
 
+def prepared_size(image_size: int) -> int:
+    """The side the data set is prepared at for training at ``image_size`` (:mod:`common.prepare`): 8/7 of it, as 256
+    is for 224, so the random crops still have pixels to choose from."""
+    return round(image_size * 8 / 7)
+
+
 def gpu_batch_size(memory_gib: float, precision: str = "fp32", image_size: int = 224) -> int:
     """The largest of ``GPU_BATCHES`` whose estimated training memory fills at most half of ``memory_gib``."""
     per_image = ESTIMATED_GIB_PER_IMAGE[precision] * (image_size / 224) ** 2
@@ -127,7 +133,6 @@ def fill(hardware, **given) -> dict:
         size = given.get("IMAGE_SIZE") or base["IMAGE_SIZE"]
         base["BATCH_SIZE_PER_DEVICE"] = gpu_batch_size(memory_gib, precision, size)
     resolved = {**base, **{name: value for name, value in given.items() if value is not None or name not in base}}
-    resolved["PRECISION"] = precision
     for name in ("EPOCHS", "BATCH_SIZE_PER_DEVICE", "IMAGE_SIZE", "BENCH_STEPS", "MAX_IMAGES"):
         check_positive_int(name, resolved.get(name), allow_none=name == "MAX_IMAGES")
     if resolved["IMAGE_SIZE"] < MIN_IMAGE_SIZE:
@@ -135,6 +140,9 @@ def fill(hardware, **given) -> dict:
             f"IMAGE_SIZE={resolved['IMAGE_SIZE']} is too small: DenseNet-121 halves the image five times, "
             f"so set IMAGE_SIZE to {MIN_IMAGE_SIZE} or more."
         )
+    resolved["PRECISION"] = precision
+    # PREPARED (True unless given): train from the prepared copy of the data set at this size; False decodes the PNGs
+    resolved["PREPARED_SIZE"] = prepared_size(resolved["IMAGE_SIZE"]) if given.get("PREPARED", True) else None
     filled = sorted(name for name, value in given.items() if value is None and base.get(name) is not None)
     if filled:
         note = " (a CPU demo: small images, a subset of the data)" if device_kind == "cpu" else ""
@@ -143,7 +151,7 @@ def fill(hardware, **given) -> dict:
 
 
 # The filled-in parameters that shape training: a checkpoint written with other values is another run.
-SHAPING = ("EPOCHS", "BATCH_SIZE_PER_DEVICE", "IMAGE_SIZE", "MAX_IMAGES", "PRECISION")
+SHAPING = ("EPOCHS", "BATCH_SIZE_PER_DEVICE", "IMAGE_SIZE", "MAX_IMAGES", "PRECISION", "PREPARED_SIZE")
 
 
 def settings(cfg: dict, **given) -> dict:

@@ -45,6 +45,7 @@ class Config:
     precision: str
     seed: int
     loader_workers: int  # decode processes per training process
+    prepared_size: int | None = None  # the prepared copy the notebook checked (common.prepare); None: the PNGs
     pretrained: bool = False
     batch_norm_batches: int = params.BATCH_NORM_BATCHES
     checkpoint_dir: str | None = None
@@ -96,6 +97,7 @@ def launch_config(
             precision=precision,
             seed=seed,
             loader_workers=devices.loader_workers(hardware.kind, hardware.count, processes),
+            prepared_size=cfg.get("PREPARED_SIZE"),
             pretrained=pretrained,
             batch_norm_batches=params.BATCH_NORM_BATCHES,
             checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),

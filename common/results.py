@@ -104,9 +104,10 @@ def new_record(**fields) -> dict:
 class Run:
     """What the records of one notebook run share; :meth:`training` and :meth:`benchmark` make its two records.
 
-    ``devices`` follows ``FIELDS["devices"]``; ``learning_rate`` is the scaled peak rate; ``packages`` are the
-    distributions whose versions are recorded; ``extra`` are the framework's own fields (a strategy, a kvstore, ...),
-    the same in both records.
+    ``cfg`` are the filled parameters (:func:`common.params.fill`): the image size, the batch per device, the prepared
+    size (None: the PNGs were decoded) and the precision, unless ``precision`` says what ran instead; ``devices``
+    follows ``FIELDS["devices"]``; ``learning_rate`` is the scaled peak rate; ``packages`` are the distributions whose
+    versions are recorded; ``extra`` are the framework's own fields (a strategy, a kvstore, ...), in both records.
     """
 
     def __init__(
@@ -114,15 +115,16 @@ class Run:
         framework: str,
         notebook: str,
         hardware,
+        cfg: dict,
         *,
         devices: int,
-        precision: str,
         global_batch: int,
-        image_size: int,
         learning_rate: float,
+        precision: str | None = None,
         packages: tuple[str, ...] = (),
         **extra,
     ):
+        self.epochs = cfg["EPOCHS"]
         self.fields = {
             **dict(
                 framework=framework,
@@ -130,16 +132,18 @@ class Run:
                 devices=devices,
                 device_kind=hardware.kind,
                 device_names=list(hardware.names),
-                precision=precision,
+                precision=precision or cfg["PRECISION"],
                 global_batch=global_batch,
-                image_size=image_size,
+                batch_size_per_device=cfg["BATCH_SIZE_PER_DEVICE"],
+                image_size=cfg["IMAGE_SIZE"],
+                prepared_size=cfg["PREPARED_SIZE"],
                 learning_rate=learning_rate,
                 versions=versions(*packages),
             ),
             **extra,
         }
 
-    def training(self, data: str, epochs: int, history: dict, auc, samples, phases=None, **extra) -> Record:
+    def training(self, data: str, history: dict, auc, samples, phases=None, **extra) -> Record:
         """The training run's record: ``history`` as :func:`common.protocol.new_history` keeps it, ``auc`` the test
         set's :class:`common.metrics.AUC`, ``samples`` the :class:`common.monitor.Monitor` that watched the devices,
         ``phases`` a :class:`common.phases.Phases`; ``extra`` adds fields or overrides the run's."""
@@ -148,7 +152,7 @@ class Run:
         return self._record(
             samples,
             data=data,
-            epochs=epochs,
+            epochs=self.epochs,
             train_images=history["train_images"],
             epoch_seconds=history["epoch_seconds"],
             images_per_second=images_per_second(history["images_per_epoch"], history["epoch_seconds"]),

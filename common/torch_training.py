@@ -23,7 +23,7 @@ from common.phases import BatchWait, Phases
 
 def sharded_loader(split, transform, batch_size: int, process: tu.Process, *, shuffle: bool, seed: int, workers: int):
     """This process's share of ``split`` (all of it in a single process); evaluation pads shards to equal length."""
-    data = tu.ChestXrayDataset(split.paths, split.labels, transform)
+    data = tu.ChestXrayDataset(split, transform)
     sampler = DistributedSampler(
         data, num_replicas=process.world_size, rank=process.rank, shuffle=shuffle, seed=seed, drop_last=False
     )

@@ -17,14 +17,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torchvision
-from PIL import Image
 from torch import nn
 from torch.optim.swa_utils import update_bn
 from torchvision.transforms import v2
 
 from common import checkpoints, protocol
 from common.devices import threads_per_device
-from common.errors import InputError
 from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 from common.phases import timed_steps
 
@@ -106,26 +104,23 @@ def launch_env(nproc: int) -> dict[str, str]:
 
 
 class ChestXrayDataset(torch.utils.data.Dataset):
-    """Decodes one PNG as a 1-channel uint8 tensor, augments it, then repeats it into 3 channels.
+    """One image of a :class:`common.chestxray.Split` as a 1-channel uint8 tensor, augmented, then repeated into 3
+    channels.
 
-    Working on one channel until the end makes the crop and resize three times
-    cheaper than converting to RGB first. Items are (image, labels, index); the
-    index lets evaluation drop the duplicates that DistributedSampler pads with.
+    The pixels come from the prepared copy or the PNG (:meth:`~common.chestxray.Split.pixels`), the same in every
+    framework. Working on one channel until the end makes the crop and resize three times cheaper than converting
+    to RGB first. Items are (image, labels, index); the index lets evaluation drop the duplicates that
+    DistributedSampler pads with.
     """
 
-    def __init__(self, paths, labels, transform):
-        self.paths, self.labels, self.transform = list(paths), torch.as_tensor(labels), transform
+    def __init__(self, split, transform):
+        self.split, self.labels, self.transform = split, torch.as_tensor(split.labels), transform
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.split)
 
     def __getitem__(self, index: int):
-        path = self.paths[index]
-        try:  # Pillow decodes: torchvision's own image decoders are deprecated since 0.29
-            with Image.open(path) as file:
-                image = v2.functional.pil_to_tensor(file.convert("L"))
-        except (OSError, ValueError) as error:
-            raise InputError(f"Cannot read image {path} ({error}): replace or remove the file.") from None
+        image = torch.from_numpy(self.split.pixels(index)).unsqueeze(0)
         return self.transform(image), self.labels[index], index
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 from notebook_harness import NOTEBOOK_DIR, notebook_path
 
-from common import devices, params, protocol
+from common import chestxray, devices, params, protocol
 from common.kernel import NAME as KERNEL
 
 
@@ -29,9 +29,10 @@ def write_script(notebook: str, name: str, folder: Path) -> Path:
 
 def write_config(folder: Path, data_dir, devices_total: int, settings: dict, **extra) -> Path:
     """The ``config.json`` a notebook writes for notebook parameters ``settings`` and ``devices_total`` ranks on
-    CPUs; ``extra`` are the script's own entries."""
+    CPUs, after the data check that prepares the data as a notebook does; ``extra`` are the script's own entries."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = params.fill("cpu", **settings)
+    chestxray.load(data_dir, cfg["MAX_IMAGES"], 0, prepared_size=cfg["PREPARED_SIZE"])
     global_batch = params.global_batch(cfg["BATCH_SIZE_PER_DEVICE"], devices_total)
     hardware = devices.resolve(devices_total, gpus=[])
     return protocol.launch_config(

@@ -19,16 +19,17 @@ def test_crop_box_keeps_the_area_share_the_aspect_ratio_and_the_image():
 
 
 def test_training_images_depend_on_seed_epoch_and_image_only(standin):
-    path = chestxray.load(standin, seed=0)["train"].paths[0]
-    first = image_transforms.load(path, 32, augment=(0, 1, 7))
-    np.testing.assert_array_equal(first, image_transforms.load(path, 32, augment=(0, 1, 7)))
-    assert not np.array_equal(first, image_transforms.load(path, 32, augment=(0, 2, 7))), "another epoch, another crop"
+    pixels = chestxray.load(standin, seed=0)["train"].pixels(0)
+    first = image_transforms.transform(pixels, 32, augment=(0, 1, 7))
+    np.testing.assert_array_equal(first, image_transforms.transform(pixels, 32, augment=(0, 1, 7)))
+    assert not np.array_equal(first, image_transforms.transform(pixels, 32, augment=(0, 2, 7))), (
+        "another epoch, another crop"
+    )
     assert first.shape == (3, 32, 32) and first.dtype == np.float32
 
 
 def test_evaluation_images_are_three_equal_normalized_channels(standin):
-    path = chestxray.load(standin, seed=0)["test"].paths[0]
-    image = image_transforms.load(path, 48)
+    image = image_transforms.transform(chestxray.load(standin, seed=0)["test"].pixels(0), 48)
     assert image.shape == (3, 48, 48) and image.dtype == np.float32
     pixels = image * np.array(IMAGENET_STD)[:, None, None] + np.array(IMAGENET_MEAN)[:, None, None]
     np.testing.assert_allclose(pixels[0], pixels[1], atol=1e-6)
@@ -39,4 +40,4 @@ def test_unreadable_image_is_named(tmp_path):
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"not a png")
     with pytest.raises(InputError, match="broken.png"):
-        image_transforms.load(str(broken), 32)
+        chestxray.Split([str(broken)], np.zeros((1, 14)), np.zeros(1)).pixels(0)

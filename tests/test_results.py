@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from records import complete_record
 
-from common import devices, metrics, protocol, results
+from common import devices, metrics, params, protocol, results
 from common.errors import InputError
 from common.phases import Phases
 
@@ -166,14 +166,14 @@ class Watched:
 
 def test_a_runs_two_records_share_its_fields_and_are_complete(tmp_path):
     hardware = devices.resolve(2, gpus=[], cores=2)
+    cfg = params.fill(hardware, EPOCHS=2, BATCH_SIZE_PER_DEVICE=16, IMAGE_SIZE=64)
     run = results.Run(
         "pytorch",
         "PyTorch_MultiGPU",
         hardware,
+        cfg,
         devices=2,
-        precision="fp32",
         global_batch=32,
-        image_size=64,
         learning_rate=2e-3,
         packages=("torch",),
         compile=False,
@@ -188,10 +188,12 @@ def test_a_runs_two_records_share_its_fields_and_are_complete(tmp_path):
     auc = metrics.AUC({"Mass": 0.8}, 0.8)
     phases = Phases()
     phases.add("train", 1000.0, 1004.0, 1)
-    trained, benchmarked = run.training("generated", 2, history, auc, Watched(), phases), run.benchmark(50.0, Watched())
+    trained, benchmarked = run.training("generated", history, auc, Watched(), phases), run.benchmark(50.0, Watched())
     for record in (trained, benchmarked):
         results.validate(record.fields)
         assert record.fields["learning_rate"] == 2e-3 and record.fields["compile"] is False
+        assert record.fields["batch_size_per_device"] == 16 and record.fields["prepared_size"] == 73
+        assert record.fields["precision"] == "fp32" and record.fields["image_size"] == 64
         assert record.fields["utilization_started"] == 1000.0 and len(record.utilization) == 1
     assert trained.fields["images_per_second"] == 48.0  # the first epoch left out
     assert trained.fields["phases"] == phases.rows() and trained.fields["data_wait_seconds"] == [0.1, 0.0]

@@ -23,6 +23,7 @@ PARAMETERS = {
     "SEED",
     "RESULTS_DIR",
     "BENCH_STEPS",
+    "PREPARED",
 }
 # The data-parallel notebooks train for many epochs and can resume; the placement notebooks compare short runs.
 CHECKPOINTING = {"CHECKPOINT_DIR", "RESUME"}

@@ -23,27 +23,28 @@ def splits(standin):
 
 
 def test_train_and_eval_transforms_give_normalized_three_channel_images(splits):
-    dataset = tu.ChestXrayDataset(splits["train"].paths, splits["train"].labels, tu.train_transform(24))
+    dataset = tu.ChestXrayDataset(splits["train"], tu.train_transform(24))
     image, labels, index = dataset[3]
     assert image.shape == (3, 24, 24) and image.dtype == torch.float32
     assert torch.equal(labels, torch.as_tensor(splits["train"].labels[3])) and index == 3
     assert -3 < image.mean() < 3 and image.std() > 0.1  # ImageNet-normalized, not raw 0..255
-    evaluated, _, _ = tu.ChestXrayDataset(splits["test"].paths, splits["test"].labels, tu.eval_transform(24))[0]
-    again, _, _ = tu.ChestXrayDataset(splits["test"].paths, splits["test"].labels, tu.eval_transform(24))[0]
+    evaluated, _, _ = tu.ChestXrayDataset(splits["test"], tu.eval_transform(24))[0]
+    again, _, _ = tu.ChestXrayDataset(splits["test"], tu.eval_transform(24))[0]
     assert torch.equal(evaluated, again)  # evaluation is deterministic
 
 
 def test_unreadable_image_during_training_names_the_file(tmp_path):
     bad = tmp_path / "00000001_000.png"
     bad.write_bytes(b"not a png")
-    dataset = tu.ChestXrayDataset([str(bad)], np.zeros((1, 14), np.float32), tu.eval_transform(16))
+    split = chestxray.Split([str(bad)], np.zeros((1, 14), np.float32), np.zeros(1))
+    dataset = tu.ChestXrayDataset(split, tu.eval_transform(16))
     with pytest.raises(InputError, match="00000001_000.png"):
         dataset[0]
 
 
 def test_predict_all_scores_every_image_once_in_order(splits):
     test = splits["test"]
-    dataset = tu.ChestXrayDataset(test.paths, test.labels, tu.eval_transform(16))
+    dataset = tu.ChestXrayDataset(test, tu.eval_transform(16))
     loader = DataLoader(dataset, batch_size=7)
     model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 14))
     labels, scores = tu.predict_all(model, loader, tu.Process(0, 1, 0, torch.device("cpu")), "fp32")
