@@ -30,12 +30,18 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from common import devices, results
+from common import devices
 from common.errors import InputError
+from common.image_io import open_gray
 
 FORMAT = 1  # bumped when the layout or the resize rule changes: older prepared copies are then rebuilt
-CHUNK = 256  # images per unit of work and of resumption
 MANIFEST = "manifest.json"
+
+
+def chunk_size(images: int) -> int:
+    """Images per unit of work and of resumption: small enough to keep every core busy on a small data set, large
+    enough to keep the markers few on 112,120 images."""
+    return max(16, min(256, images // 64))
 
 
 class Prepared:
@@ -130,7 +136,10 @@ def _locked(folder: Path):
 def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
     from tqdm.auto import tqdm
 
+    from common.results import atomic_write  # here, not at the top: the spawned workers need not import pandas
+
     plan = {"format": FORMAT, "size": size, "names": [Path(path).name for path in paths], "listing": listing(paths)}
+    chunk = chunk_size(len(paths))
     stale = _read_json(folder / MANIFEST)
     (folder / MANIFEST).unlink(missing_ok=True)  # first: from here on the folder is not trusted
     if _read_json(folder / "plan.json") != plan:  # another data set or size: what was done does not count
@@ -138,15 +147,15 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
             print(f"{folder} was prepared from other files or at another size: rebuilding it.")
         shutil.rmtree(folder / "done", ignore_errors=True)
         (folder / "images.u8").unlink(missing_ok=True)
-        results.atomic_write(folder / "plan.json", lambda file: json.dump(plan, file))
+        atomic_write(folder / "plan.json", lambda file: json.dump(plan, file))
     _check_free_space(folder, len(paths) * size * size)
     shape = (len(paths), size, size)
     np.memmap(folder / "images.u8", np.uint8, "r+" if (folder / "images.u8").exists() else "w+", shape=shape).flush()
     (folder / "done").mkdir(exist_ok=True)
-    chunks = [start for start in range(0, len(paths), CHUNK) if not (folder / "done" / f"{start:09d}").exists()]
+    chunks = [start for start in range(0, len(paths), chunk) if not (folder / "done" / f"{start:09d}").exists()]
     unreadable: list[str] = []
     if chunks:
-        to_go = sum(len(paths[start : start + CHUNK]) for start in chunks)
+        to_go = sum(len(paths[start : start + chunk]) for start in chunks)
         print(
             f"Preparing {len(paths):,} images at {size} px in {folder} ({to_go:,} to go, {workers} processes); "
             "interrupted, it resumes where it stopped.",
@@ -157,7 +166,7 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
             tqdm(total=len(paths), initial=len(paths) - to_go, unit="image", desc="prepare", mininterval=2) as progress,
         ):
             futures = [
-                pool.submit(_prepare_chunk, str(folder), shape, start, paths[start : start + CHUNK]) for start in chunks
+                pool.submit(_prepare_chunk, str(folder), shape, start, paths[start : start + chunk]) for start in chunks
             ]
             for future in futures:
                 start, failed = future.result()
@@ -165,7 +174,7 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
                     unreadable += failed
                 else:
                     (folder / "done" / f"{start:09d}").touch()
-                progress.update(min(CHUNK, len(paths) - start))
+                progress.update(min(chunk, len(paths) - start))
     if unreadable:
         more = f"\n  ... and {len(unreadable) - 10} more" if len(unreadable) > 10 else ""
         raise InputError(
@@ -174,7 +183,7 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
         )
     with open(folder / "images.u8", "rb+") as file:
         os.fsync(file.fileno())  # the pixels reach the disk before the manifest says they are there
-    results.atomic_write(folder / MANIFEST, lambda file: json.dump(plan, file))
+    atomic_write(folder / MANIFEST, lambda file: json.dump(plan, file))
     return Prepared(folder, tuple(plan["names"]), size)
 
 
@@ -197,22 +206,19 @@ def _check_free_space(folder: Path, needed: int) -> None:
 
 def _prepare_chunk(folder: str, shape: tuple[int, int, int], start: int, paths: list[str]) -> tuple[int, list[str]]:
     """Decode, shrink and store ``paths`` as rows ``start...``; returns the unreadable ones, each with its error."""
-    from common.image_io import read_gray
-
     images = np.memmap(Path(folder) / "images.u8", np.uint8, "r+", shape=shape)
     size, failed = shape[1], []
     for row, path in enumerate(paths, start):
         try:
-            images[row] = shrink(read_gray(path), size)
+            images[row] = shrink(open_gray(path), size)
         except InputError as error:  # it names the file and what is wrong with it
             failed.append(str(error))
     images.flush()
     return start, failed
 
 
-def shrink(pixels: np.ndarray, size: int) -> np.ndarray:
+def shrink(image: Image.Image, size: int) -> np.ndarray:
     """The short side resized to ``size`` (antialiased), then the centre square: the prepared form of an image."""
-    image = Image.fromarray(pixels)
     width, height = image.size
     scale = size / min(width, height)
     resized = image.resize((max(size, round(width * scale)), max(size, round(height * scale))), Image.BILINEAR)

@@ -10,7 +10,7 @@ import pytest
 
 from common import chestxray, prepare
 from common.errors import InputError
-from common.image_io import read_gray
+from common.image_io import open_gray
 
 SIZE = 24
 
@@ -24,7 +24,7 @@ def test_a_prepared_copy_holds_every_image_shrunk_and_is_trusted_after_a_stat(st
     prepared = prepare.ensure(standin_copy, paths, SIZE, workers=2)
     assert prepared.folder == standin_copy / ".prepared" / f"{SIZE}px" and len(prepared.names) == len(paths)
     for row in (0, len(paths) - 1):
-        np.testing.assert_array_equal(prepared.pixels(row), prepare.shrink(read_gray(paths[row]), SIZE))
+        np.testing.assert_array_equal(prepared.pixels(row), prepare.shrink(open_gray(paths[row]), SIZE))
     monkeypatch.setattr(prepare, "_build", lambda *args: pytest.fail("a valid copy was rebuilt"))
     assert prepare.ensure(standin_copy, paths, SIZE).names == prepared.names
 
@@ -40,7 +40,6 @@ def test_a_changed_image_or_another_size_is_prepared_again(standin_copy, capsys)
 
 
 def test_an_unreadable_image_is_named_and_nothing_is_trusted_until_it_is_replaced(standin_copy, monkeypatch):
-    monkeypatch.setattr(prepare, "CHUNK", 16)
     paths = image_paths(standin_copy)
     good = open(paths[40], "rb").read()
     open(paths[40], "wb").write(good[: len(good) // 2])  # truncated
@@ -49,7 +48,7 @@ def test_an_unreadable_image_is_named_and_nothing_is_trusted_until_it_is_replace
     folder = prepare.folder_for(standin_copy, SIZE)
     assert not (folder / prepare.MANIFEST).exists() and prepare.find(standin_copy, paths, SIZE) is None
     # the chunks that were fine are kept, so a second attempt redoes only the one with the bad image
-    assert len(list((folder / "done").iterdir())) == len(range(0, len(paths), 16)) - 1
+    assert len(list((folder / "done").iterdir())) == len(range(0, len(paths), prepare.chunk_size(len(paths)))) - 1
     open(paths[40], "wb").write(good)
     assert prepare.ensure(standin_copy, paths, SIZE, workers=2).pixels(40).shape == (SIZE, SIZE)
 
@@ -61,7 +60,7 @@ def test_an_interrupted_prepare_of_another_data_set_is_not_resumed(standin_copy)
     (folder / "plan.json").write_text(json.dumps({"names": ["other.png"]}))
     (folder / "done" / f"{0:09d}").touch()  # a chunk "finished" for other files must not be taken for this one
     prepared = prepare.ensure(standin_copy, paths, SIZE, workers=1)
-    np.testing.assert_array_equal(prepared.pixels(0), prepare.shrink(read_gray(paths[0]), SIZE))
+    np.testing.assert_array_equal(prepared.pixels(0), prepare.shrink(open_gray(paths[0]), SIZE))
 
 
 def prepare_in_a_process(folder, paths, queue):
@@ -100,5 +99,5 @@ def test_the_splits_read_the_prepared_copy_and_a_training_process_only_opens_it(
     opened = chestxray.load(standin_copy, check=False, prepared_size=SIZE)
     test = splits["test"]
     assert test.prepared is not None and list(opened["test"].rows) == list(test.rows)
-    np.testing.assert_array_equal(test.pixels(2), prepare.shrink(read_gray(test.paths[2]), SIZE))
+    np.testing.assert_array_equal(test.pixels(2), prepare.shrink(open_gray(test.paths[2]), SIZE))
     assert chestxray.load(standin_copy)["test"].pixels(2).shape == (32, 32)  # without: the PNG itself
