@@ -88,9 +88,6 @@ class Phases:
         """``[{"phase", "start" (Unix seconds), "seconds", "epoch" (repeating phases)}]``, in time order."""
         return sorted(self._rows, key=lambda row: row["start"])
 
-    def end(self) -> float:
-        return max((row["start"] + row["seconds"] for row in self._rows), default=time.time())
-
     def table(self) -> pd.DataFrame:
         return table(self.rows())
 
@@ -114,8 +111,9 @@ def table(rows: list[dict]) -> pd.DataFrame:
 
 
 def outside_steps(rows: list[dict]) -> float:
-    """Seconds of the run spent neither in training steps nor in the benchmark (the waste a GPU run should avoid)."""
-    counted = {"train", "benchmark warm-up", "benchmark"}
+    """Seconds of the run outside its steps (start-up, data check, launch, validation, precise BN, test, teardown):
+    the waste a GPU run should avoid. The first steps (autotuning, tracing, compiling) are counted apart."""
+    counted = {"first steps", "train", "benchmark warm-up", "benchmark"}
     return sum(row["seconds"] for row in rows if row["phase"] not in counted)
 
 

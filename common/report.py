@@ -150,12 +150,16 @@ def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
 
 
 def phase_table(records: list[dict]) -> pd.DataFrame:
-    """Seconds per phase of the newest training run of each notebook and device count (the variants of one notebook
-    run share its phases), and the share of the run spent in training steps."""
-    newest = {}
+    """Seconds per phase of the newest run of each notebook and device count, and the share of the run spent in
+    training steps. The records of one notebook run (its variants, its benchmark) share its phases: one row each."""
+    runs = {}
     for record in records:
-        if record["data"] != results.IN_RAM and record.get("phases"):
-            newest[(record["notebook"], record["devices"])] = record
+        if record.get("phases"):
+            run = (record["notebook"], record["phases"][0]["start"])
+            runs[run] = max(runs.get(run, (0, None)), (record["devices"], record), key=lambda pair: pair[0])
+    newest = {}
+    for (notebook, _), (devices, record) in sorted(runs.items(), key=lambda item: item[1][1]["timestamp"]):
+        newest[(notebook, devices)] = record
     rows = {}
     for (notebook, devices), record in sorted(newest.items()):
         table = phases.table(record["phases"])
