@@ -116,10 +116,10 @@ class Monitor(Samples):
         return self.backend.kind
 
     def _run(self) -> None:
-        start = time.perf_counter()
-        self.started = time.time()
+        if self.started is None:  # entered again, it goes on with the same time axis
+            self.started = time.time()
         while True:
-            now = time.perf_counter() - start
+            now = time.time() - self.started
             self.rows.extend((now, *row) for row in self.backend.sample())
             if self._stop.wait(self.interval):
                 return

@@ -38,12 +38,17 @@ def label(record: dict) -> str:
     return f"{record['notebook']} ({record['variant']})" if record.get("variant") else record["notebook"]
 
 
+# The speed-up toolbox measures many settings of one device: its own table, not rows of the comparison.
+TOOLBOX = "PyTorch_Speedups"
+
+
 def summary_table(records: list[dict]) -> pd.DataFrame:
     """One row per (notebook and variant, devices): the newest training run beside the newest in-RAM benchmark.
 
     Scaling efficiency is training throughput over ``devices`` times the
     one-device throughput of the same notebook, kind and precision (1.0 is perfect).
     """
+    records = [record for record in records if record["notebook"] != TOOLBOX]
     if not records:
         return pd.DataFrame(columns=list(COLUMNS))
     frame = pd.DataFrame(records).assign(notebook=[label(record) for record in records]).sort_values("timestamp")
@@ -149,6 +154,22 @@ def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
+def toolbox_table(records: list[dict]) -> pd.DataFrame:
+    """The speed-up toolbox's newest measurement of each technique and setting."""
+    newest = {record["variant"]: record for record in records if record["notebook"] == TOOLBOX}
+    rows = {
+        variant: {
+            "device": f"{record['device_kind']} {', '.join(record['device_names'][:1])}",
+            "batch": record["global_batch"],
+            "images/s": round(record["images_per_second"], 1),
+            "first steps s": record.get("first_steps_seconds") and round(record["first_steps_seconds"], 1),
+            "peak MiB": record.get("peak_memory_mib") and round(record["peak_memory_mib"]),
+        }
+        for variant, record in sorted(newest.items())
+    }
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("technique: setting")
+
+
 def phase_table(records: list[dict]) -> pd.DataFrame:
     """Seconds per phase of the newest run of each notebook and device count, and the share of the run spent in
     training steps. The records of one notebook run (its variants, its benchmark) share its phases: one row each."""
@@ -170,15 +191,19 @@ def phase_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=[*columns, "steps share"])
 
 
-def phases_markdown(table: pd.DataFrame) -> str:
-    """The phase table as GitHub markdown: seconds per phase, the steps' share as a percentage."""
-    lines = ["| run | " + " | ".join(table.columns) + " |", "|---|" + "---|" * len(table.columns)]
-    for run, row in table.iterrows():
-        cells = [
-            "–" if pd.isna(value) else (f"{value:.0%}" if column == "steps share" else f"{value:,.1f}")
-            for column, value in row.items()
-        ]
-        lines.append(f"| {run} | " + " | ".join(cells) + " |")
+def markdown(table: pd.DataFrame, percent=()) -> str:
+    """A table as GitHub markdown, its index first: numbers rounded for reading, the ``percent`` columns as shares."""
+
+    def cell(column, value) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "–"
+        if column in percent:
+            return f"{value:.0%}"
+        return f"{value:,.1f}" if isinstance(value, float) else str(value)
+
+    lines = [f"| {table.index.name or ''} | " + " | ".join(table.columns) + " |", "|---|" + "---|" * len(table.columns)]
+    for name, row in table.iterrows():
+        lines.append(f"| {name} | " + " | ".join(cell(column, value) for column, value in row.items()) + " |")
     return "\n".join(lines)
 
 
@@ -217,6 +242,9 @@ def build(results_dir, out_dir) -> Path:
     ]
     if len(table):
         lines += [f"![throughput]({plot_throughput(table, out_dir / 'throughput.png').name})", ""]
+    toolbox = toolbox_table(records)
+    if len(toolbox):
+        lines += ["## The speed-up toolbox", "", markdown(toolbox), ""]
     spent = phase_table(records)
     if len(spent):
         lines += ["## Where the time went", "", phases_section(spent), ""]
@@ -238,7 +266,7 @@ def table_section(table: pd.DataFrame) -> str:
 
 def phases_section(table: pd.DataFrame) -> str:
     return (
-        phases_markdown(table)
+        markdown(table.rename_axis("run"), percent=("steps share",))
         + "\n\nSeconds of each phase (`common.phases`: repeated phases summed over the epochs); *steps share*: the"
         " training steps' share of the run, the part that uses the devices for what the run is for."
     )
