@@ -32,21 +32,6 @@ def training_curves(history: dict, title: str = ""):
     return figure
 
 
-def phase_bars(table: pd.DataFrame, title: str = ""):
-    """Seconds per phase as horizontal bars (one row per phase of :func:`common.phases.table`); returns the figure."""
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 0.35 * len(table) + 1))
-    rows = table.iloc[::-1]  # the first phase on top
-    axis.barh(rows.index, rows["seconds"], color=[PHASE_COLOURS[name] for name in rows.index])
-    for y, seconds in enumerate(rows["seconds"]):
-        axis.annotate(f" {seconds:.1f} s", (seconds, y), va="center", fontsize="small")
-    axis.set(xlabel="seconds (wall clock)", title=title or "Where the run's time went")
-    axis.margins(x=0.15)
-    figure.tight_layout()
-    return figure
-
-
 def utilization(frame: pd.DataFrame, title: str = "", phases: list[dict] | None = None, started: float | None = None):
     """Utilization (top) and memory (bottom) of each device over time, the run's phases shaded behind them.
 
