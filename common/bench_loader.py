@@ -128,10 +128,10 @@ def timed_prepare(paths: list[str], size: int, folder) -> tuple[prepare.Prepared
     second of wall time) and ``cpu_rate`` (per CPU-second of its processes, their start-up included).
 
     A prepare of the whole data set spends seconds starting its processes and hours decoding; a small stand-in would
-    time mostly the start: its files are listed as many times as it takes to give every core 512 images.
+    time mostly the start: its files are listed as many times as it takes to give every core 2,048 images.
     """
     cores = devices.cpu_cores()
-    listed = paths * math.ceil(512 * cores / len(paths))
+    listed = paths * math.ceil(2048 * cores / len(paths))
     start, children = time.perf_counter(), _children_cpu()
     prepared = prepare.ensure(folder, listed, size, workers=cores)
     wall, cpu = time.perf_counter() - start, _children_cpu() - children

@@ -34,7 +34,7 @@ from common import devices
 from common.errors import InputError
 from common.image_io import open_gray
 
-FORMAT = 1  # bumped when the layout or the resize rule changes: older prepared copies are then rebuilt
+FORMAT = 2  # bumped when the layout or the resize rule changes: older prepared copies are then rebuilt
 MANIFEST = "manifest.json"
 
 
@@ -218,10 +218,15 @@ def _prepare_chunk(folder: str, shape: tuple[int, int, int], start: int, paths: 
 
 
 def shrink(image: Image.Image, size: int) -> np.ndarray:
-    """The short side resized to ``size`` (antialiased), then the centre square: the prepared form of an image."""
+    """The short side resized to ``size``, then the centre square: the prepared form of an image.
+
+    ``reducing_gap=1`` first averages whole blocks of pixels (1024 to 256 px: each 4 x 4 block, a box filter that
+    antialiases), then resizes what is left: the resize then costs next to nothing beside the decode.
+    """
     width, height = image.size
     scale = size / min(width, height)
-    resized = image.resize((max(size, round(width * scale)), max(size, round(height * scale))), Image.BILINEAR)
+    target = (max(size, round(width * scale)), max(size, round(height * scale)))
+    resized = image.resize(target, Image.BILINEAR, reducing_gap=1.0)
     left, top = (resized.width - size) // 2, (resized.height - size) // 2
     return np.asarray(resized.crop((left, top, left + size, top + size)))
 

@@ -277,6 +277,17 @@ def _decode(path: tf.Tensor) -> tf.Tensor:
     )
 
 
+def _resize(image: tf.Tensor, size) -> tf.Tensor:
+    """Bilinear resize, antialiased when it shrinks by more than 1.5: from a full-size PNG it must be, and from the
+    prepared copy (at most 8/7) antialiasing changes next to nothing and costs TensorFlow half its pipeline's time."""
+    shrink = tf.reduce_max(tf.cast(tf.shape(image)[:2], tf.float32) / tf.cast(size, tf.float32))
+    return tf.cond(
+        shrink > 1.5,
+        lambda: tf.image.resize(image, size, antialias=True),
+        lambda: tf.image.resize(image, size, antialias=False),
+    )
+
+
 def train_transform(image: tf.Tensor, image_size: int, seed: tf.Tensor) -> tf.Tensor:
     """Random resized crop (area in ``CROP_SCALE``, aspect 3/4 to 4/3), horizontal flip, normalize.
 
@@ -293,7 +304,7 @@ def train_transform(image: tf.Tensor, image_size: int, seed: tf.Tensor) -> tf.Te
         max_attempts=10,
         use_image_if_no_bounding_boxes=True,
     )
-    image = tf.image.resize(tf.slice(image, begin, size), (image_size, image_size), antialias=True)
+    image = _resize(tf.slice(image, begin, size), (image_size, image_size))
     return _normalize(tf.image.stateless_random_flip_left_right(image, seed=flip_seed))
 
 
@@ -301,7 +312,7 @@ def eval_transform(image: tf.Tensor, image_size: int) -> tf.Tensor:
     """Resize the short side to ``image_size``, center crop, normalize."""
     shape = tf.cast(tf.shape(image)[:2], tf.float32)
     scaled = tf.cast(tf.round(shape * image_size / tf.reduce_min(shape)), tf.int32)
-    image = tf.image.resize(image, scaled, antialias=True)
+    image = _resize(image, scaled)
     return _normalize(tf.image.resize_with_crop_or_pad(image, image_size, image_size))
 
 
