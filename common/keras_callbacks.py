@@ -9,12 +9,11 @@ from __future__ import annotations
 import time
 import warnings
 
-import keras
 import numpy as np
-import tensorflow as tf
 
 from common import checkpoints, metrics
 from common.phases import Phases
+from common.tf_import import keras, tf
 from common.tf_utils import share_batch_norm_statistics
 
 

@@ -134,7 +134,7 @@ def _locked(folder: Path):
 
 
 def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # the text bar, as in the notebooks: tqdm.auto warns in a notebook without ipywidgets
 
     from common.results import atomic_write  # here, not at the top: the spawned workers need not import pandas
 

@@ -7,6 +7,7 @@ python -m common.report --readme README.md RUN   # copy a run's table into the R
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import re
 from pathlib import Path
@@ -116,17 +117,17 @@ def describe_devices(records: list[dict]) -> str:
 def plot_throughput(table: pd.DataFrame, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6, 3.5))
+    figure, axis = plt.subplots(figsize=(9, 4))
     scaling = table[~table["notebook"].str.endswith(")")]  # placement variants are compared in their own notebooks
-    for notebook, group in scaling.groupby("notebook"):
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (notebook, group), colour in zip(scaling.groupby("notebook"), itertools.cycle(colours)):
         group = group.sort_values("devices")
-        axis.plot(group["devices"], group["train_images_per_second"], marker="o", label=f"{notebook} (data)")
-        axis.plot(
-            group["devices"], group["ram_images_per_second"], marker="s", linestyle="--", label=f"{notebook} (in RAM)"
-        )
+        axis.plot(group["devices"], group["train_images_per_second"], "o-", color=colour, label=f"{notebook} (data)")
+        axis.plot(group["devices"], group["ram_images_per_second"], "s--", color=colour, label=f"{notebook} (in RAM)")
     axis.set(xlabel="devices", ylabel="images / second", title="Training throughput")
     axis.set_xticks(sorted(table["devices"].dropna().unique()))
-    axis.legend(fontsize="small")
+    # beside the lines, not over them
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
 
     import papermill  # imported late: `--help` and argument errors stay instant
 
-    # The kernels inherit this: TensorFlow's C++ start-up notices would bury the progress lines below.
+    # The kernels inherit this: TensorFlow's C++ INFO and WARNING lines would bury the progress lines below
+    # (common.tf_import quiets those it writes while it starts, which no setting reaches).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     hardware = devices.resolve(None)
@@ -108,6 +109,8 @@ def main(argv=None) -> int:
                     kernel_name=args.kernel,
                     cwd=notebook.parent,
                     progress_bar=False,
+                    # the kernel warns on every start that it listens on localhost TCP: papermill's own transport
+                    extra_arguments=["--IPKernelApp.log_level=ERROR"],
                 )
             except papermill.PapermillExecutionError as error:
                 failures.append(f"{executed}: {error.ename}: {error.evalue}")

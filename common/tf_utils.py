@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 
-import keras
 import numpy as np
-import tensorflow as tf
 
 from common import checkpoints, protocol
 from common import devices as common_devices
 from common.errors import InputError
 from common.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 from common.phases import timed_steps
+from common.tf_import import keras, tf
 
 STRATEGIES = ("mirrored", "central_storage", "multi_worker")
 

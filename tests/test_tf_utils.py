@@ -248,3 +248,30 @@ def test_checkpoints_of_a_multi_worker_run_are_refused():
     tfu.check_checkpointing("multi_worker", None)
     with pytest.raises(InputError, match="CHECKPOINT_DIR with STRATEGY='multi_worker' is not supported"):
         tfu.check_checkpointing("multi_worker", "/tmp/checkpoints")
+
+
+START_UP = """WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+I0000 00:00:1796413111.595998    6585 port.cc:153] oneDNN custom operations are on. You may see slightly different
+I0000 00:00:1796421970.454390     928 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use available
+To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow.
+E0000 00:00:1796413114.519532    6585 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error (303)
+W0000 00:00:1796413114.519532    6585 some.cc:1] a warning
+that goes on
+"""
+
+
+def test_start_up_notices_are_dropped_and_everything_else_kept():
+    from common import tf_import
+
+    kept = tf_import.kept_lines("before\n" + START_UP, gpu_present=False)
+    assert kept == ["before\n", START_UP.splitlines(keepends=True)[-2], "that goes on\n"]
+    # on a GPU machine the cuInit failure is why TensorFlow sees no GPU
+    assert any("cuInit" in line for line in tf_import.kept_lines(START_UP, gpu_present=True))
+
+
+def test_importing_tensorflow_shows_no_start_up_notices_but_passes_other_output_on():
+    script = "import os; from common.tf_import import keras, tf; os.write(2, b'after the import\\n')"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "InitializeLog" not in out.stderr and "I0000" not in out.stderr, out.stderr
+    assert "after the import" in out.stderr
