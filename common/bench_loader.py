@@ -67,9 +67,8 @@ def torch_pass(split, crop: int, batch: int):
 
 
 def tensorflow_pass(split, crop: int, batch: int):
-    import tensorflow as tf
-
     from common import tf_utils
+    from common.tf_import import tf
 
     try:
         tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -171,9 +171,9 @@ def toolbox_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("technique: setting")
 
 
-def phase_table(records: list[dict]) -> pd.DataFrame:
-    """Seconds per phase of the newest run of each notebook and device count, and the share of the run spent in
-    training steps. The records of one notebook run (its variants, its benchmark) share its phases: one row each."""
+def newest_runs(records: list[dict]) -> dict[tuple[str, int], dict]:
+    """``{(notebook, devices): record}`` for the newest run of each, among the records that hold phases. The records of
+    one notebook run (its variants, its benchmark) share its phases: the one with the most devices stands for it."""
     runs = {}
     for record in records:
         if record.get("phases"):
@@ -182,8 +182,14 @@ def phase_table(records: list[dict]) -> pd.DataFrame:
     newest = {}
     for (notebook, _), (devices, record) in sorted(runs.items(), key=lambda item: item[1][1]["timestamp"]):
         newest[(notebook, devices)] = record
+    return dict(sorted(newest.items()))
+
+
+def phase_table(records: list[dict]) -> pd.DataFrame:
+    """Seconds per phase of the newest run of each notebook and device count (:func:`newest_runs`), and the share of
+    the run spent in training steps."""
     rows = {}
-    for (notebook, devices), record in sorted(newest.items()):
+    for (notebook, devices), record in newest_runs(records).items():
         table = phases.table(record["phases"])
         row = table["seconds"].to_dict()
         row["steps share"] = row.get("train", 0.0) / table["seconds"].sum()

@@ -24,6 +24,7 @@ from torch import nn
 from common import torch_utils as tu
 from common.errors import InputError
 from common.params import NUM_CLASSES
+from common.phases import timed_steps
 
 # The full data set: the cost of an epoch is for all of it, whatever subset the notebook measured on.
 FULL_DATA_SET_IMAGES = 112_120
@@ -149,15 +150,8 @@ def measure(technique: str, setting: str, step, batch: int, steps: int, device, 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     began = time.time()
-    for _ in range(warmup):
-        step()
-    tu.synchronize([device])
-    timed = time.perf_counter()
-    first = time.time() - began
-    for _ in range(steps):
-        step()
-    tu.synchronize([device])
-    seconds = time.perf_counter() - timed
+    seconds = timed_steps(step, steps, lambda _: tu.synchronize([device]), warmup=warmup)
+    first = time.time() - began - seconds
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return Measured(technique, setting, batch, steps * batch / seconds, first, peak, None, began, time.time(), extra)
 

@@ -82,13 +82,9 @@ if rows:
     print(report.phase_table(records).round(1).to_string(), "\n")
     from common import phases
 
-    seen = set()
-    for record in records:
-        run = (record["notebook"], record["devices"])
-        if record.get("phases") and run not in seen:
-            seen.add(run)
-            print(f"{record['notebook']} on {record['devices']} device(s): {phases.outside_steps(record['phases']):.1f} s"
-                  " outside the steps (the goal on one H200, for 5 epochs of the 20,000-image stand-in: 15 s)")
+    for (notebook, devices), record in report.newest_runs(records).items():
+        print(f"{notebook} on {devices} device(s): {phases.outside_steps(record['phases']):.1f} s"
+              " outside the steps (the goal on one H200, for 5 epochs of the 20,000-image stand-in: 15 s)")
 print(f"records and executed notebooks: {sys.argv[1]}")
 PY
 
