@@ -23,7 +23,12 @@ from common.errors import InputError
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 # These compare ways of placing the model, or of training faster, inside one run: they run once, on the most devices
 # (at least this many); at fewer devices there is nothing to compare, and one device would repeat PyTorch_MultiGPU.
-COMPARES_PLACEMENTS = {"PyTorch_MultiGPU-Exp-Loss": 1, "PyTorch_ModelParallel": 2, "PyTorch_Speedups": 1}
+COMPARES_PLACEMENTS = {
+    "PyTorch_MultiGPU-Exp-Loss": 1,
+    "PyTorch_ModelParallel": 2,
+    "PyTorch_Speedups": 1,
+    "Keras_Speedups": 1,
+}
 
 
 def device_counts(hardware: devices.Devices) -> list[int]:

@@ -1,10 +1,9 @@
-"""The speed-up toolbox: each way of training DenseNet-121 faster, measured on one device the same way.
+"""The speed-up toolbox in PyTorch: each way of training DenseNet-121 faster, measured on one device the same way.
 
-Used by ``PyTorch_Speedups`` and its communication script. Every measurement is one :class:`Measured` row: images/s
-of the timed steps, the seconds the first steps took (allocation, cuDNN autotuning, compilation: reported apart from
-the steady state), and the device's peak memory (GPUs only). What a machine cannot measure is a row whose
-``not_measured`` says why, never a made-up number. The tests check that each trick that changes the arithmetic
-(gradient accumulation, activation checkpointing, a compiler) computes what the plain step computes.
+Used by ``PyTorch_Speedups`` and its communication script. Every measurement is one
+:class:`common.toolbox.Measured` row, reported through :mod:`common.toolbox` as Keras' are. The tests check that
+each trick that changes the arithmetic (gradient accumulation, activation checkpointing, a compiler) computes what the
+plain step computes.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import contextlib
 import itertools
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -22,53 +20,14 @@ import torchvision
 from torch import nn
 
 from common import torch_utils as tu
-from common.errors import InputError
 from common.params import NUM_CLASSES
 from common.phases import timed_steps
+from common.toolbox import Measured, not_measured
 
-# The full data set: the cost of an epoch is for all of it, whatever subset the notebook measured on.
-FULL_DATA_SET_IMAGES = 112_120
 GPU_COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
-@dataclass
-class Measured:
-    """One configuration's measurement; ``not_measured`` says why a row has no figures."""
-
-    technique: str
-    setting: str
-    batch: int
-    images_per_second: float | None = None
-    first_steps_seconds: float | None = None
-    peak_memory_mib: float | None = None
-    not_measured: str | None = None
-    start: float | None = None  # Unix seconds: the monitor's samples of this measurement
-    end: float | None = None
-    extra: dict = field(default_factory=dict)
-
-
-def table(rows: list[Measured]) -> pd.DataFrame:
-    """The rows as a table for reading: one line per technique and setting, the columns that say something."""
-    names = {"images_per_second": "images/s", "first_steps_seconds": "first steps s", "peak_memory_mib": "peak MiB",
-             "not_measured": "not measured, because"}  # fmt: skip
-    frame = pd.DataFrame([{**asdict(row), **row.extra} for row in rows]).drop(columns=["extra", "start", "end"])
-    frame = frame.set_index(["technique", "setting"]).rename(columns=names).dropna(axis=1, how="all")
-    return frame.round(2).astype(object).where(frame.notna(), "")
-
-
 # ---------------------------------------------------------------- the parameters
-
-
-def batch_sizes(given, kind: str, largest_cpu: int) -> list[int]:
-    """The batch sweep: ``given``, or doubling from 16 to 1024 on a GPU (it stops at the first that does not fit),
-    or 4 up to ``largest_cpu`` on a CPU, where memory is the machine's and a sweep to the limit would take hours."""
-    if given is not None:
-        if not given or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in given):
-            raise InputError(f"BATCH_SIZES must be positive integers, got {given!r}: for example [16, 32, 64].")
-        return sorted(given)
-    if kind == "gpu":
-        return [16 * 2**i for i in range(7)]
-    return [b for b in (4, 8, 16, 32, 64) if b <= largest_cpu]
 
 
 def compile_modes(given, kind: str) -> tuple[list[str], str | None]:
@@ -156,10 +115,6 @@ def measure(technique: str, setting: str, step, batch: int, steps: int, device, 
     return Measured(technique, setting, batch, steps * batch / seconds, first, peak, None, began, time.time(), extra)
 
 
-def not_measured(technique: str, setting: str, batch: int, why: str) -> Measured:
-    return Measured(technique, setting, batch, not_measured=why)
-
-
 def sweep_batches(make_step, batches, device, steps: int, technique: str) -> list[Measured]:
     """Images/s and peak memory at each of ``batches`` (ascending), stopping at the first that does not fit: the
     largest batch is found, not guessed. ``make_step(batch)`` builds the step."""
@@ -172,11 +127,6 @@ def sweep_batches(make_step, batches, device, steps: int, technique: str) -> lis
             rows.append(not_measured(technique, f"batch {batch}", batch, f"out of memory: {str(error)[:60]}"))
             break
     return rows
-
-
-def largest_batch(rows: list[Measured]) -> int | None:
-    fitted = [row.batch for row in rows if row.images_per_second]
-    return max(fitted) if fitted else None
 
 
 # ---------------------------------------------------------------- communication and cost
@@ -213,57 +163,6 @@ def predicted_efficiency(step_seconds: float, gradient_bytes: float, devices: in
     """Scaling efficiency if the all-reduce ran after the backward pass instead of beside it: a lower bound (DDP
     overlaps the two bucket by bucket, which only helps)."""
     return step_seconds / (step_seconds + ring_all_reduce_seconds(gradient_bytes, devices, bandwidth))
-
-
-def costs(rows: list[Measured], price: float, spot_price: float, epochs: int) -> pd.DataFrame:
-    """Hours and price of one epoch of the full data set, and of ``epochs`` of them, for every measured row (a
-    row measured on several devices pays for each)."""
-    found = []
-    for row in rows:
-        if not row.images_per_second:
-            continue
-        devices = row.extra.get("devices", 1)
-        hours = FULL_DATA_SET_IMAGES / row.images_per_second / 3600
-        found.append(
-            {
-                "technique": row.technique,
-                "setting": row.setting,
-                "images/s": row.images_per_second,
-                "hours per epoch": hours,
-                "price per epoch": hours * devices * price,
-                "spot price per epoch": hours * devices * spot_price,
-                f"price of {epochs} epochs": hours * devices * price * epochs,
-            }
-        )
-    return pd.DataFrame(found).set_index(["technique", "setting"])
-
-
-def what_each_bought(rows: list[Measured], baseline: Measured) -> pd.DataFrame:
-    """Per technique measured in two settings or more on one device, its fastest setting against the baseline (the
-    default batch in the notebook's precision, eager, one batch in memory): speed-up and memory."""
-    one_device = [row for row in rows if row.images_per_second and row.extra.get("devices", 1) == 1]
-    settings = pd.Series([row.technique for row in one_device]).value_counts()
-    best = {}
-    for row in one_device:
-        if settings[row.technique] < 2:
-            continue
-        if row.technique not in best or row.images_per_second > best[row.technique][0]:
-            best[row.technique] = (row.images_per_second, row)
-    lines = []
-    for technique, (rate, row) in best.items():
-        memory = (
-            row.peak_memory_mib / baseline.peak_memory_mib if row.peak_memory_mib and baseline.peak_memory_mib else None
-        )
-        lines.append(
-            {
-                "technique": technique,
-                "fastest setting": row.setting,
-                "images/s": rate,
-                "speed-up": rate / baseline.images_per_second,
-                "peak memory vs baseline": memory,
-            }
-        )
-    return pd.DataFrame(lines).set_index("technique").sort_values("speed-up", ascending=False)
 
 
 # ---------------------------------------------------------------- the notebook's sections
@@ -459,57 +358,9 @@ def predicted_scaling(alone: Measured, gradient_bytes_: int, interconnects: dict
     ).rename_axis("devices")
 
 
-def fields(row: Measured) -> dict:
-    """A measured row as the fields of its results record."""
-    return {
-        "variant": f"{row.technique}: {row.setting}",
-        "global_batch": row.batch * row.extra.get("devices", 1),
-        "devices": row.extra.get("devices", 1),
-        "first_steps_seconds": row.first_steps_seconds,
-        "peak_memory_mib": row.peak_memory_mib,
-    }
-
-
-def plot_sweep(rows: list[Measured], title: str):
-    """Images/s (left axis) and peak memory (right axis, GPUs) against the batch."""
-    import matplotlib.pyplot as plt
-
-    fitted = [row for row in rows if row.images_per_second]
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot([r.batch for r in fitted], [r.images_per_second for r in fitted], marker="o", label="images/s")
-    axis.set(xscale="log", xlabel="batch (images)", ylabel="images / second", title=title)
-    axis.set_xticks([r.batch for r in fitted], [str(r.batch) for r in fitted])
-    if any(r.peak_memory_mib for r in fitted):
-        memory = axis.twinx()
-        memory.plot([r.batch for r in fitted], [r.peak_memory_mib / 1024 for r in fitted], "s--", color="C1")
-        memory.set(ylabel="peak memory GiB (squares)")
-    figure.tight_layout()
-    return figure
-
-
-def plot_speedups(rows: list[Measured], title: str):
-    """Each setting's speed-up over the first row (fp32 in the default layout)."""
-    import matplotlib.pyplot as plt
-
-    base = rows[0].images_per_second
-    shown = [row for row in rows if row.images_per_second]
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.barh([row.setting for row in shown][::-1], [row.images_per_second / base for row in shown][::-1])
-    axis.axvline(1, color="k", linewidth=0.8)
-    axis.set(xlabel=f"speed-up over {rows[0].setting}", title=title)
-    figure.tight_layout()
-    return figure
-
-
-def recommendation(bought: pd.DataFrame, checks: pd.DataFrame, communication: list[Measured], kind: str) -> list[str]:
-    """What to do first on this machine, from this run's numbers."""
+def communication_lines(communication: list[Measured]) -> list[str]:
+    """What the DDP measurements say, for :func:`common.toolbox.recommendation`."""
     lines = []
-    faster = bought[bought["speed-up"] > 1.05]
-    for technique, row in faster.iterrows():
-        lines.append(f"{technique}: {row['fastest setting']} trains {row['speed-up']:.2f}x as fast as the baseline.")
-    slower = bought[bought["speed-up"] < 0.95].index.tolist()
-    if slower:
-        lines.append(f"On this machine no setting of {', '.join(slower)} beat the baseline: leave them at the default.")
     ddp = {row.setting: row.images_per_second for row in communication if row.images_per_second}
     synced = [name for name in ddp if "micro-batches" in name and "no_sync" not in name]
     if synced and f"{synced[0]}, no_sync" in ddp:
@@ -518,10 +369,6 @@ def recommendation(bought: pd.DataFrame, checks: pd.DataFrame, communication: li
     if "DDP" in ddp and "DDP, bf16 compression" in ddp:
         gain = ddp["DDP, bf16 compression"] / ddp["DDP"]
         lines.append(f"Compressing the gradients to bf16 ran {gain:.2f}x as fast as plain DDP on these devices.")
-    worst = checks["largest difference"].max()
-    lines.append(f"The tricks that change the arithmetic computed the plain step to within {worst:.1e} (Evaluate).")
-    if kind == "cpu":
-        lines.append("These are CPU figures: the GPU-only rows (fp16, cuDNN, device memory) need a GPU to decide.")
     return lines
 
 
@@ -557,17 +404,3 @@ def in_ram(device, batch: int, image_size: int, steps: int, precision: str) -> M
 def sweep_step(device, image_size: int, precision: str):
     """``make_step(batch)`` for :func:`sweep_batches`: the plain step at each batch."""
     return lambda b: training_step(densenet(device), itertools.repeat(random_batch(b, image_size, device)), precision)
-
-
-def plot_pipeline(rows: list[Measured], ceiling: Measured, title: str):
-    """Images/s against DataLoader workers, with the in-memory ceiling."""
-    import matplotlib.pyplot as plt
-
-    plain = [row for row in rows if "workers" in row.extra]
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot([r.extra["workers"] for r in plain], [r.images_per_second for r in plain], marker="o", label="DataLoader")
-    axis.axhline(ceiling.images_per_second, color="k", linestyle="--", label="one batch in memory (the ceiling)")
-    axis.set(xlabel="DataLoader worker processes", ylabel="images / second", title=title)
-    axis.legend(loc="lower right", fontsize="small")
-    figure.tight_layout()
-    return figure

@@ -330,29 +330,34 @@ def _images(split) -> tuple[list | np.ndarray, callable]:
     return np.arange(len(split)), read
 
 
-def dataset(split, image_size: int, global_batch: int, training: bool, seed: int = 0) -> tf.data.Dataset:
+def dataset(
+    split, image_size: int, global_batch: int, training: bool, seed: int = 0, parallel_calls=None, prefetch=True
+) -> tf.data.Dataset:
     """A ``tf.data`` pipeline over a :class:`common.chestxray.Split`, batched by the global batch.
 
     Images are read (from the prepared copy, or decoded from their PNGs) and augmented in parallel (AUTOTUNE picks
-    the threads) and the next batches are prefetched while the devices compute; the order and the augmentation
-    depend on ``seed`` only. Training drops the last partial batch so every step has the global batch; evaluation
-    keeps it, so every image is scored exactly once.
+    the threads, unless ``parallel_calls`` says how many) and the next batches are prefetched while the devices
+    compute (unless ``prefetch`` is False); the order and the augmentation depend on ``seed`` only. Training drops
+    the last partial batch so every step has the global batch; evaluation keeps it, so every image is scored exactly
+    once.
     """
     keys, read = _images(split)
+    parallel_calls = parallel_calls or tf.data.AUTOTUNE
     data = tf.data.Dataset.from_tensor_slices((keys, split.labels.astype(np.float32)))
     if training:
         data = data.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)
         # one augmentation seed per image, new each epoch, the same for the same SEED
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
         data = tf.data.Dataset.zip(data, seeds).map(
-            lambda item, pair: (train_transform(read(item[0]), image_size, pair), item[1]), tf.data.AUTOTUNE
+            lambda item, pair: (train_transform(read(item[0]), image_size, pair), item[1]), parallel_calls
         )
     else:
-        data = data.map(lambda key, label: (eval_transform(read(key), image_size), label), tf.data.AUTOTUNE)
+        data = data.map(lambda key, label: (eval_transform(read(key), image_size), label), parallel_calls)
     options = tf.data.Options()
     # Several workers (multi_worker) each take every n-th global batch, rather than every n-th file.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return data.batch(global_batch, drop_remainder=training).prefetch(tf.data.AUTOTUNE).with_options(options)
+    data = data.batch(global_batch, drop_remainder=training)
+    return (data.prefetch(tf.data.AUTOTUNE) if prefetch else data).with_options(options)
 
 
 def predict_all(strategy: tf.distribute.Strategy, predict_step, distributed) -> tuple[np.ndarray, np.ndarray]:

@@ -93,6 +93,12 @@ def run_nbval(name: str, data_dir, tmp_path: Path, records: int = 2, **parameter
     assert len(list((tmp_path / "results").glob("*.json"))) == records
 
 
+def records_by_variant(name: str, data_dir, out: Path, records: int, **parameters) -> dict[str, dict]:
+    """Run a notebook that writes one record per variant (the speed-up toolboxes) under nbval: ``{variant: record}``."""
+    run_nbval(name, data_dir, out, records=records, **parameters)
+    return {record["variant"]: record for record in results.load_all(out / "results")}
+
+
 # Bad input every notebook refuses before training, with the message it must name.
 BAD_INPUT = {
     "too-many-devices": ({"DEVICES": 64}, "DEVICES=64 but"),

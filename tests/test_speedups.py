@@ -1,4 +1,5 @@
-"""common.speedups: the tricks that change the arithmetic compute the plain step, and the toolbox's sums are right."""
+"""common.speedups and common.toolbox: the tricks that change the arithmetic compute the plain step, and the toolbox's
+sums are right."""
 
 import itertools
 
@@ -7,6 +8,7 @@ import torch
 from torch import nn
 
 from common import speedups as sp
+from common import toolbox
 
 CPU = torch.device("cpu")
 
@@ -48,7 +50,7 @@ def test_the_batch_sweep_stops_at_the_first_batch_that_does_not_fit():
 
     rows = sp.sweep_batches(make_step, [8, 16, 32, 64], CPU, steps=2, technique="batch size")
     assert [row.batch for row in rows] == [8, 16, 32] and "out of memory" in rows[-1].not_measured
-    assert sp.largest_batch(rows) == 16
+    assert toolbox.largest_batch(rows) == 16
 
 
 def test_a_ring_all_reduce_and_the_scaling_it_allows():
@@ -59,22 +61,22 @@ def test_a_ring_all_reduce_and_the_scaling_it_allows():
 
 
 def test_an_epoch_costs_the_full_data_sets_hours_at_the_measured_speed():
-    rate = sp.FULL_DATA_SET_IMAGES / 3600
-    rows = [sp.Measured("communication", "DDP", 16, images_per_second=rate, extra={"devices": 2})]
-    prices = sp.costs(rows, price=4.0, spot_price=1.5, epochs=5)
+    rate = toolbox.FULL_DATA_SET_IMAGES / 3600
+    rows = [toolbox.Measured("communication", "DDP", 16, images_per_second=rate, extra={"devices": 2})]
+    prices = toolbox.costs(rows, price=4.0, spot_price=1.5, epochs=5)
     row = prices.loc[("communication", "DDP")]  # an hour on two devices: two device hours
     assert row["hours per epoch"] == pytest.approx(1.0) and row["price per epoch"] == pytest.approx(8.0)
     assert row["spot price per epoch"] == pytest.approx(3.0) and row["price of 5 epochs"] == pytest.approx(40.0)
 
 
 def test_what_each_technique_bought_compares_its_fastest_setting_with_the_baseline():
-    baseline = sp.Measured("baseline", "in RAM", 16, images_per_second=100.0)
-    rows = [baseline, sp.Measured("precision", "bf16", 16, images_per_second=150.0),
-            sp.Measured("precision", "fp16", 16, images_per_second=120.0),
-            sp.Measured("precision", "fp16, channels_last", 16, not_measured="needs a GPU"),
-            sp.Measured("compiler", "eager", 16, images_per_second=101.0),  # one setting: nothing compared
-            sp.Measured("communication", "DDP", 16, images_per_second=190.0, extra={"devices": 2}),
-            sp.Measured("communication", "step alone", 16, images_per_second=99.0)]  # fmt: skip
-    bought = sp.what_each_bought(rows, baseline)
+    baseline = toolbox.Measured("baseline", "in RAM", 16, images_per_second=100.0)
+    rows = [baseline, toolbox.Measured("precision", "bf16", 16, images_per_second=150.0),
+            toolbox.Measured("precision", "fp16", 16, images_per_second=120.0),
+            toolbox.Measured("precision", "fp16, channels_last", 16, not_measured="needs a GPU"),
+            toolbox.Measured("compiler", "eager", 16, images_per_second=101.0),  # one setting: nothing compared
+            toolbox.Measured("communication", "DDP", 16, images_per_second=190.0, extra={"devices": 2}),
+            toolbox.Measured("communication", "step alone", 16, images_per_second=99.0)]  # fmt: skip
+    bought = toolbox.what_each_bought(rows, baseline)
     assert bought.loc["precision", "fastest setting"] == "bf16" and bought.loc["precision", "speed-up"] == 1.5
     assert list(bought.index) == ["precision"]  # two devices are not a trick of one device

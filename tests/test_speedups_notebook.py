@@ -1,7 +1,7 @@
 """PyTorch_Speedups, executed once under nbval on 2 simulated CPU devices; then its records are checked."""
 
 import pytest
-from notebook_harness import run_nbval
+from notebook_harness import records_by_variant
 
 from common import results
 
@@ -16,9 +16,7 @@ RECORDS = 3 + 1 + 2 + 4 + 1 + 3 + 5
 @pytest.fixture(scope="module")
 def records(notebook_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("speedups")
-    run_nbval(NOTEBOOK, notebook_data, out, records=RECORDS, **TINY)
-    found = {record["variant"]: record for record in results.load_all(out / "results")}
-    return found, out
+    return records_by_variant(NOTEBOOK, notebook_data, out, RECORDS, **TINY), out
 
 
 def test_every_technique_is_measured_and_recorded(records):
