@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from common import phases, plots, results
+from common import diagnosis, phases, plots, results
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 PHASES_START, PHASES_END = "<!-- phases:start -->", "<!-- phases:end -->"
@@ -34,13 +34,9 @@ COLUMNS = {
 }
 
 
-def label(record: dict) -> str:
-    """The notebook, and the placement it measured where one notebook compares several (``variant``)."""
-    return f"{record['notebook']} ({record['variant']})" if record.get("variant") else record["notebook"]
-
-
-# The speed-up toolbox measures many settings of one device: its own table, not rows of the comparison.
-TOOLBOX = "PyTorch_Speedups"
+# The speed-up toolboxes measure many settings of one device: their own table, not rows of the comparison.
+TOOLBOXES = ("PyTorch_Speedups", "Keras_Speedups")
+TOOLBOX_COLUMNS = ["technique: setting", "notebook", "device", "batch", "images/s", "first steps s", "peak MiB"]
 
 
 def summary_table(records: list[dict]) -> pd.DataFrame:
@@ -49,10 +45,10 @@ def summary_table(records: list[dict]) -> pd.DataFrame:
     Scaling efficiency is training throughput over ``devices`` times the
     one-device throughput of the same notebook, kind and precision (1.0 is perfect).
     """
-    records = [record for record in records if record["notebook"] != TOOLBOX]
+    records = [record for record in records if record["notebook"] not in TOOLBOXES]
     if not records:
         return pd.DataFrame(columns=list(COLUMNS))
-    frame = pd.DataFrame(records).assign(notebook=[label(record) for record in records]).sort_values("timestamp")
+    frame = pd.DataFrame(records).assign(notebook=[results.label(r) for r in records]).sort_values("timestamp")
     key = ["notebook", "devices", "device_kind", "precision"]
     trained = frame[frame["data"] != results.IN_RAM].drop_duplicates(key, keep="last")
     in_ram = frame[frame["data"] == results.IN_RAM].drop_duplicates(key, keep="last")
@@ -145,9 +141,9 @@ def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
         samples = Path(record["path"]).parent / record["utilization_csv"]
         if not samples.is_file():
             continue
-        title = f"{label(record)} on {record['devices']} device(s)"
+        title = f"{results.label(record)} on {record['devices']} device(s)"
         figure = plots.utilization(pd.read_csv(samples), title, record.get("phases"), record.get("utilization_started"))
-        name = re.sub(r"[^\w.=-]+", "-", label(record)).strip("-")
+        name = re.sub(r"[^\w.=-]+", "-", results.label(record)).strip("-")
         path = out_dir / f"utilization-{name}-{record['devices']}dev.png"
         figure.savefig(path, dpi=100)
         plt.close(figure)
@@ -156,19 +152,21 @@ def plot_utilizations(records: list[dict], out_dir: Path) -> list[Path]:
 
 
 def toolbox_table(records: list[dict]) -> pd.DataFrame:
-    """The speed-up toolbox's newest measurement of each technique and setting."""
-    newest = {record["variant"]: record for record in records if record["notebook"] == TOOLBOX}
-    rows = {
-        variant: {
+    """The speed-up toolboxes' newest measurement of each technique and setting, a notebook after the other."""
+    newest = {(r["notebook"], r["variant"]): r for r in records if r["notebook"] in TOOLBOXES}
+    rows = [
+        {
+            "technique: setting": variant,
+            "notebook": notebook,
             "device": f"{record['device_kind']} {', '.join(record['device_names'][:1])}",
             "batch": record["global_batch"],
             "images/s": round(record["images_per_second"], 1),
             "first steps s": record.get("first_steps_seconds") and round(record["first_steps_seconds"], 1),
             "peak MiB": record.get("peak_memory_mib") and round(record["peak_memory_mib"]),
         }
-        for variant, record in sorted(newest.items())
-    }
-    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("technique: setting")
+        for (notebook, variant), record in sorted(newest.items())
+    ]
+    return pd.DataFrame(rows, columns=TOOLBOX_COLUMNS).set_index("technique: setting")
 
 
 def newest_runs(records: list[dict]) -> dict[tuple[str, int], dict]:
@@ -238,7 +236,7 @@ def build(results_dir, out_dir) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     records = results.load_all(results_dir)
     table = summary_table(records)
-    newest = {(label(r), r["devices"]): r for r in records if r["data"] != results.IN_RAM}
+    newest = {(results.label(r), r["devices"]): r for r in records if r["data"] != results.IN_RAM}
     lines = [
         "# Results",
         "",
@@ -252,6 +250,9 @@ def build(results_dir, out_dir) -> Path:
     toolbox = toolbox_table(records)
     if len(toolbox):
         lines += ["## The speed-up toolbox", "", markdown(toolbox), ""]
+    diagnosed = diagnosis.table(records)
+    if len(diagnosed):
+        lines += ["## What held each run back", "", markdown(diagnosed.set_index("notebook")), "", diagnosis.NOTE, ""]
     spent = phase_table(records)
     if len(spent):
         lines += ["## Where the time went", "", phases_section(spent), ""]

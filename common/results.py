@@ -48,6 +48,11 @@ FIELDS = {
 REQUIRED = tuple(FIELDS)
 
 
+def label(record: dict) -> str:
+    """The notebook, and the placement it measured where one notebook compares several (``variant``)."""
+    return f"{record['notebook']} ({record['variant']})" if record.get("variant") else record["notebook"]
+
+
 def check_writable(results_dir, name: str = "RESULTS_DIR") -> Path:
     """Create the folder (the parameter ``name``) if needed and prove a file can be written there, before training."""
     results_dir = Path(results_dir)

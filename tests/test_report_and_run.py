@@ -59,10 +59,13 @@ def test_newest_record_wins(results_dir):
 def test_build_writes_markdown_and_plots(results_dir, tmp_path):
     path = report.build(results_dir, tmp_path / "out")
     text = path.read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| PyTorch_MultiGPU")]
+    comparison = text.split("\n## ")[0]  # the table before the sections
+    rows = [line for line in comparison.splitlines() if line.startswith("| PyTorch_MultiGPU")]
     assert len(rows) == 2 and "75%" in rows[1] and "0.830" in rows[1]
     assert (tmp_path / "out" / "throughput.png").stat().st_size > 0
     assert (tmp_path / "out" / "utilization-PyTorch_MultiGPU-2dev.png").stat().st_size > 0
+    diagnosed = text.split("## What held each run back")[1]  # one verdict per run, from common.diagnosis
+    assert diagnosed.count("\n| PyTorch_MultiGPU |") == 2 and "common.diagnosis" in diagnosed
 
 
 def test_the_report_compares_where_each_runs_time_went(results_dir, tmp_path):

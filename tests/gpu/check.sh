@@ -72,7 +72,7 @@ records = results.load_all(f"{sys.argv[1]}/results")
 rows = []
 for record in records:
     memory = {device: value["memory_peak_mib"] for device, value in record["device_utilization"].items()}
-    rows.append({"notebook": report.label(record), "devices": record["devices"], "data": record["data"],
+    rows.append({"notebook": results.label(record), "devices": record["devices"], "data": record["data"],
                  "batch/device": record["global_batch"] // record["devices"], "images/s": round(record["images_per_second"], 1),
                  "peak MiB per GPU": " ".join(f"{device}:{mib:.0f}" for device, mib in sorted(memory.items()))})
 pd.set_option("display.width", 200)
