@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 GPU ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1 || echo 0)
 STAMP := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
 
-.PHONY: setup run test lab lint prepare bench-loader readme clean
+.PHONY: setup run test lab lint prepare bench-loader bench-live readme workshop clean
 
 setup: $(STAMP)
 
@@ -47,9 +47,17 @@ lint: setup
 bench-loader: setup
 	$(PY) -m common.bench_loader --readme README.md $(BENCH_ARGS)
 
+# Measures what the live device view costs the training it watches, in a real kernel, and writes it into README.md.
+bench-live: setup
+	$(PY) -m common.bench_live --readme README.md $(BENCH_ARGS)
+
 # Copies the table of the newest runs/<timestamp>/report.md (or RUN=...) into README.md.
 readme: setup
 	$(PY) -m common.report --readme README.md $(or $(RUN),$(patsubst %/,%,$(lastword $(sort $(dir $(wildcard runs/*/report.md))))))
+
+# Writes docs/workshop.md with the times and figures of the newest make run (or RUN=...).
+workshop: setup
+	$(PY) -m common.workshop $(or $(RUN),$(patsubst %/,%,$(lastword $(sort $(dir $(wildcard runs/*/report.md))))))
 
 clean:
 	rm -rf $(VENV) runs build .pytest_cache

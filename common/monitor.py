@@ -4,6 +4,9 @@ On GPUs it reads NVML (the ``pynvml`` module of ``nvidia-ml-py``). Without a
 GPU the simulated devices share one set of cores and one memory, so it reports
 the machine as one device ``cpu``: utilization of all cores, and the memory
 of this process and everything it started (the training workers).
+
+In a notebook, a :class:`LiveView` shows what the devices do while the cell runs, redrawn in place like
+``nvidia-smi``, and a one-line summary when the cell's work ends.
 """
 
 from __future__ import annotations
@@ -101,13 +104,66 @@ class Samples:
         return Samples([row for row in self.rows if begin <= row[0] <= stop], self.started)
 
 
-class Monitor(Samples):
-    """``with Monitor() as monitor: train()``, then ``monitor.frame()``, ``summary()``, ``plot()``."""
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel, where a display can be redrawn in place."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
 
-    def __init__(self, interval: float = 0.5, backend=None):
+
+class LiveView:
+    """Each device's utilization and memory as a few lines of text, redrawn in place at most every ``every`` seconds;
+    on simulated CPU devices also every core's utilization, since the devices share them. It is created above the
+    cell's progress output: a display created later would cut a progress bar in two."""
+
+    def __init__(self, kind: str, every: float = 2.0, display=None):
+        from IPython.display import Pretty
+
+        if display is None:
+            from IPython.display import display
+        self.kind, self.every, self._shown, self._text = kind, every, 0.0, Pretty  # first redraw after `every`
+        self.handle = display(Pretty(f"devices: watching, redrawn every {every:g} s"), display_id=True)
+        if kind == "cpu":
+            psutil.cpu_percent(percpu=True)  # starts the per-core interval (apart from the backend's total)
+
+    def show(self, seconds: float, rows: list[tuple[str, float, float]]) -> None:
+        """Redraw with the newest sample (``rows`` as a backend's ``sample()``), unless the last was under ``every``
+        seconds ago."""
+        if seconds - self._shown < self.every:
+            return
+        self._shown = seconds
+        lines = [f"{name:<6} {bar(utilization)} {utilization:3.0f}%   {memory / 1024:6.2f} GiB" for name, utilization,
+                 memory in rows]  # fmt: skip
+        if self.kind == "cpu":
+            cores = psutil.cpu_percent(percpu=True)
+            lines.append("cores  " + " ".join(f"{core:3.0f}%" for core in cores))
+        self.handle.update(self._text(f"devices at {seconds:5.0f} s\n" + "\n".join(lines)))
+
+    def close(self, summary: dict[str, dict[str, float]]) -> None:
+        """Replace the live lines by one: mean utilization and peak memory of each device while it watched."""
+        parts = [f"{name} {value['utilization_mean_percent']:.0f}% busy, peak {value['memory_peak_mib'] / 1024:.2f} GiB"
+                 for name, value in summary.items()]  # fmt: skip
+        self.handle.update(self._text("devices while this ran: " + ("; ".join(parts) or "no sample")))
+
+
+def bar(percent: float, width: int = 20) -> str:
+    filled = round(max(0.0, min(percent, 100.0)) / 100 * width)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+class Monitor(Samples):
+    """``with Monitor() as monitor: train()``, then ``monitor.frame()``, ``summary()``, ``plot()``.
+
+    ``live``: show a :class:`LiveView` while it watches; None shows one inside a notebook only."""
+
+    def __init__(self, interval: float = 0.5, backend=None, live: bool | None = None):
         super().__init__()
         self.interval = interval
         self.backend = backend or default_backend()
+        self.live = in_notebook() if live is None else live
+        self._view: LiveView | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -120,12 +176,17 @@ class Monitor(Samples):
             self.started = time.time()
         while True:
             now = time.time() - self.started
-            self.rows.extend((now, *row) for row in self.backend.sample())
+            sample = self.backend.sample()
+            self.rows.extend((now, *row) for row in sample)
+            if self._view is not None:
+                self._view.show(now, sample)
             if self._stop.wait(self.interval):
                 return
 
     def start(self) -> Monitor:
         self._stop.clear()
+        self._began = time.time()
+        self._view = LiveView(self.kind) if self.live else None
         self._thread = threading.Thread(target=self._run, name="device-monitor", daemon=True)
         self._thread.start()
         return self
@@ -135,6 +196,9 @@ class Monitor(Samples):
             self._stop.set()
             self._thread.join()
             self._thread = None
+        if self._view is not None:
+            self._view.close(self.window(self._began, time.time()).summary())
+            self._view = None
 
     def __enter__(self) -> Monitor:
         return self.start()

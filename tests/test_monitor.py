@@ -7,6 +7,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 from common import monitor  # noqa: E402
@@ -134,3 +135,74 @@ def test_plot_returns_a_figure_with_utilization_and_memory(figure):
     assert [line.get_label() for line in top.get_lines()] == ["gpu:0", "gpu:1"]
     assert list(top.get_lines()[0].get_ydata()) == [10.0, 30.0, 50.0]
     assert list(bottom.get_lines()[1].get_ydata()) == [1000.0, 1000.0, 1000.0]
+
+
+class FakeDisplay:
+    """IPython's display with ``display_id=True``: a handle whose every update is kept, as a notebook would redraw."""
+
+    def __init__(self):
+        self.shown = []
+
+    def __call__(self, obj, display_id):
+        assert display_id is True
+        self.shown.append(obj.data)
+        return self
+
+    def update(self, obj):
+        self.shown.append(obj.data)
+
+
+def test_the_live_view_redraws_each_device_in_place_at_most_every_two_seconds():
+    shown = FakeDisplay()
+    view = monitor.LiveView("gpu", every=2.0, display=shown)
+    for seconds in (0.0, 0.5, 1.0, 2.0, 2.5, 4.0):
+        view.show(seconds, [("gpu:0", 50.0, 2048.0), ("gpu:1", 100.0, 1024.0)])
+    assert len(shown.shown) == 3, "the first line, then a redraw at 2 s and at 4 s"
+    assert shown.shown[-1].splitlines() == [
+        "devices at     4 s",
+        "gpu:0  [##########..........]  50%     2.00 GiB",
+        "gpu:1  [####################] 100%     1.00 GiB",
+    ]
+    view.close({"gpu:0": {"utilization_mean_percent": 49.6, "memory_peak_mib": 3072.0}})
+    assert shown.shown[-1] == "devices while this ran: gpu:0 50% busy, peak 3.00 GiB"
+
+
+def test_the_live_view_of_simulated_devices_shows_every_core():
+    shown = FakeDisplay()
+    monitor.LiveView("cpu", display=shown).show(2.0, [("cpu", 75.0, 512.0)])
+    cores = shown.shown[-1].splitlines()[-1].split()
+    assert cores[0] == "cores" and len(cores) == 1 + psutil.cpu_count() and all(c.endswith("%") for c in cores[1:])
+
+
+def test_a_monitor_shows_a_live_view_only_when_asked_or_in_a_notebook(monkeypatch):
+    assert not monitor.Monitor(backend=monitor.CPUBackend()).live, "pytest is no notebook"
+    views = []
+
+    class View:
+        def __init__(self, kind):
+            self.kind, self.samples, self.summary = kind, 0, None
+            views.append(self)
+
+        def show(self, seconds, rows):
+            self.samples += 1
+
+        def close(self, summary):
+            self.summary = summary
+
+    monkeypatch.setattr(monitor, "LiveView", View)
+    with monitor.Monitor(interval=0.05, backend=monitor.CPUBackend(), live=True):
+        time.sleep(0.3)
+    (view,) = views
+    assert view.kind == "cpu" and view.samples >= 2 and set(view.summary) == {"cpu"}
+
+
+def test_the_live_views_cost_is_its_speed_against_each_other_way():
+    from common import bench_live
+
+    rates = pd.DataFrame({"no monitor": [100.0, 90.0, 110.0], "monitor": [99.0, 95.0, 98.0],
+                          "monitor with live view": [96.0, 97.0, 95.0]})  # fmt: skip
+    table = bench_live.summary(rates)
+    assert table["images/s (median)"].tolist() == [100.0, 98.0, 96.0]
+    assert table.loc["no monitor", "live view's cost"] == pytest.approx(0.04)
+    assert table.loc["monitor", "live view's cost"] == pytest.approx(1 - 96 / 98)
+    assert pd.isna(table.loc["monitor with live view", "live view's cost"])
