@@ -1,0 +1,55 @@
+"""The workshop guide quotes one make run's timings and records, and says "–" for what that run lacks."""
+
+import json
+
+from records import complete_record
+
+from common import results, workshop
+
+
+def executed(folder, name: str, devices: int, seconds: float) -> None:
+    said = {"cell_type": "code", "outputs": [{"text": "2 simulated CPU device(s) sharing 2 cores (1 thread(s) each)"}]}
+    notebook = {"cells": [said], "metadata": {"papermill": {"duration": seconds}}, "nbformat": 4, "nbformat_minor": 5}
+    (folder / "executed" / f"{name}-{devices}dev.ipynb").write_text(json.dumps(notebook))
+
+
+def make_run(tmp_path):
+    (tmp_path / "executed").mkdir()
+    executed(tmp_path, "PyTorch_MultiGPU", 1, 150.0)
+    executed(tmp_path, "PyTorch_MultiGPU", 2, 120.0)
+    executed(tmp_path, "PyTorch_MultiGPU-Exp-Loss", 2, 90.0)  # its name holds a dash
+    for devices, rate, auc in ((1, 50.0, 0.85), (2, 70.0, 0.86)):
+        results.write(complete_record(devices=devices, images_per_second=rate, test_auc=auc), tmp_path / "results")
+    ram = dict(data=results.IN_RAM, epochs=0, test_auc=None, per_class_auc={})
+    for variant, devices, rate in (("single-device", 1, 40.0), ("pipeline-gpipe m=2", 2, 45.0), ("ddp", 2, 60.0)):
+        results.write(complete_record(notebook="PyTorch_ModelParallel", variant=variant, devices=devices,
+                                      images_per_second=rate, **ram), tmp_path / "results")  # fmt: skip
+    return tmp_path
+
+
+def test_run_minutes_come_from_papermills_timing_of_each_executed_notebook(tmp_path):
+    minutes = workshop.run_minutes(make_run(tmp_path))
+    assert minutes == {
+        ("PyTorch_MultiGPU", 1): 2.5,
+        ("PyTorch_MultiGPU", 2): 2.0,
+        ("PyTorch_MultiGPU-Exp-Loss", 2): 1.5,
+    }
+
+
+def test_the_guide_quotes_the_runs_figures_and_marks_what_it_lacks(tmp_path):
+    text = workshop.guide(make_run(tmp_path))
+    assert "| `PyTorch_MultiGPU`, `DEVICES=1`, then `DEVICES=2` | 2.5 min, 2.0 min |" in text
+    assert "50.0 images/s on 1 device,\n  70.0 on 2: a scaling efficiency of\n  70%" in text
+    assert "The test AUC: 0.850 on 1 device, 0.860 on 2." in text
+    assert "one device alone: 40.0; naive model parallelism" in text and "DDP on the same two devices: 60.0" in text
+    assert "m=2: 45.0" in text
+    assert "{" not in text, "every placeholder filled"
+    assert "(cpu devices on 2 cores, records of " in text
+    gluon = next(line for line in text.splitlines() if line.startswith("| `Gluon_MultiGPU`"))
+    assert gluon == "| `Gluon_MultiGPU` | – | – | – |", "not in this run: no figure, no guess"
+
+
+def test_the_guide_is_written_atomically_where_asked(tmp_path):
+    (tmp_path / "run").mkdir()
+    out = workshop.main([str(make_run(tmp_path / "run")), "--out", str(tmp_path / "docs" / "workshop.md")])
+    assert out.read_text().startswith("# Workshop: data vs. model parallelism")
