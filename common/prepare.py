@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -161,9 +162,11 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
             "interrupted, it resumes where it stopped.",
             flush=True,
         )
+        # on standard output, as the training bars: a notebook shows standard error in red, like a warning
+        shown = dict(unit="image", desc="prepare", mininterval=2, file=sys.stdout)
         with (
             ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool,
-            tqdm(total=len(paths), initial=len(paths) - to_go, unit="image", desc="prepare", mininterval=2) as progress,
+            tqdm(total=len(paths), initial=len(paths) - to_go, **shown) as bar,
         ):
             futures = [
                 pool.submit(_prepare_chunk, str(folder), shape, start, paths[start : start + chunk]) for start in chunks
@@ -174,7 +177,7 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
                     unreadable += failed
                 else:
                     (folder / "done" / f"{start:09d}").touch()
-                progress.update(min(chunk, len(paths) - start))
+                bar.update(min(chunk, len(paths) - start))
     if unreadable:
         more = f"\n  ... and {len(unreadable) - 10} more" if len(unreadable) > 10 else ""
         raise InputError(
