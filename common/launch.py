@@ -10,6 +10,8 @@ import sys
 import time
 from collections import deque
 
+import psutil
+
 
 class LaunchError(RuntimeError):
     """A launched training command exited with an error (any rank failing fails the launch)."""
@@ -45,8 +47,10 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
             partial = lines.pop()
             tail.extend(lines)
         code = process.wait()
-    except BaseException:
-        _stop(process)
+    except BaseException as error:
+        stopped = _stop(process)
+        if isinstance(error, KeyboardInterrupt):  # the stop button: say what it ended, the traceback does not
+            print(f"\nInterrupted: stopped {os.path.basename(command[0])} and the {stopped} process(es) it started.")
         raise
     finally:
         process.stdout.close()
@@ -59,7 +63,13 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
     return started, time.time()
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen) -> int:
+    """End the launcher's whole process group (SIGTERM, then SIGKILL after 15 s); returns how many processes it had
+    started."""
+    try:
+        started = len(psutil.Process(process.pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        started = 0
     try:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=15)
@@ -68,3 +78,4 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
     except ProcessLookupError:
         pass
+    return started

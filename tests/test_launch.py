@@ -1,7 +1,11 @@
 """The notebook launcher streams the workers' log and fails when any of them fails."""
 
+import os
+import signal
 import sys
+import threading
 
+import psutil
 import pytest
 
 from common import launch
@@ -31,3 +35,18 @@ def test_one_failing_torchrun_rank_fails_the_launch(tmp_path):
     command = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
     with pytest.raises(launch.LaunchError, match="exited with code 1"):
         launch.run(command)
+
+
+def test_interrupting_a_launch_ends_every_process_it_started_and_says_so(capsys):
+    """What the stop button does to a cell running torchrun or mpiexec: KeyboardInterrupt in the kernel."""
+    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    script += "print('ready', flush=True); time.sleep(60)"
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))  # as the kernel's interrupt
+    timer.start()
+    before = set(psutil.pids())
+    with pytest.raises(KeyboardInterrupt):
+        launch.run([PY, "-c", script])
+    started = [pid for pid in set(psutil.pids()) - before if psutil.pid_exists(pid)]
+    alive = [psutil.Process(pid) for pid in started if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in alive if "time.sleep(60)" in " ".join(p.cmdline())], "a launched process survived"
+    assert capsys.readouterr().out.splitlines()[-1] == "Interrupted: stopped python and the 1 process(es) it started."
