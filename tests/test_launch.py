@@ -2,6 +2,7 @@
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -50,3 +51,22 @@ def test_interrupting_a_launch_ends_every_process_it_started_and_says_so(capsys)
     alive = [psutil.Process(pid) for pid in started if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not [p for p in alive if "time.sleep(60)" in " ".join(p.cmdline())], "a launched process survived"
     assert capsys.readouterr().out.splitlines()[-1] == "Interrupted: stopped python and the 1 process(es) it started."
+
+
+def test_a_killed_kernel_takes_its_launch_with_it(tmp_path):
+    """A kernel restart kills the kernel outright, with no cleanup: torchrun and its workers must not outlive it (they
+    end by themselves within seconds, their output's reader gone; this keeps it so)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import time\nprint('worker up', flush=True)\ntime.sleep(120)\n")
+    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(worker)]
+    kernel = subprocess.Popen([PY, "-c", f"from common import launch; launch.run({torchrun!r})"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    for line in kernel.stdout:
+        if "worker up" in line:
+            break
+    launched = psutil.Process(kernel.pid).children(recursive=True)
+    assert len(launched) >= 3, "torchrun and its two workers"
+    kernel.kill()
+    kernel.wait()
+    gone, alive = psutil.wait_procs(launched, timeout=10)
+    assert not alive, f"outlived the kernel: {[p.cmdline() for p in alive]}"
