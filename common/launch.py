@@ -70,11 +70,14 @@ def _end_with_the_kernel() -> None:
     and runs no cleanup, and the launcher's own session would let it outlive the kernel (its workers usually end once
     their output's reader is gone, not always: 2 of 13 tries here left them running); torchrun and mpiexec end their
     workers on SIGTERM. Linux only (``prctl``)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 PR_SET_PDEATHSIG = 1
+# Looked up here, not in the forked child: the child of a process with threads (the device monitor's) should run as
+# little as it can before it starts the launcher.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def _stop(process: subprocess.Popen) -> int:
