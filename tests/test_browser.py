@@ -201,6 +201,10 @@ def test_notebook_opens_with_the_project_kernel_and_its_headings(browser, lab, n
     try:
         assert page.locator(".jp-NotebookPanel-toolbar .jp-KernelName").inner_text().strip() == DISPLAY_NAME
         assert rendered_headings(page) == markdown_headings(lab.root / notebook)
+        # the exercises' answers open collapsed: JupyterLab shows a placeholder instead of their code
+        cells = nbformat.read(lab.root / notebook, as_version=4).cells
+        answers = sum("answer" in cell.metadata.get("tags", []) for cell in cells)
+        assert answers and page.locator(".jp-CodeCell .jp-InputPlaceholder").count() == answers
     finally:
         page.close()
         lab.shut_down_kernels()
@@ -209,6 +213,13 @@ def test_notebook_opens_with_the_project_kernel_and_its_headings(browser, lab, n
 def run_all_cells(page) -> None:
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+
+def expand_all_code(page) -> None:
+    """A collapsed cell (the exercises' answers) shows neither its code nor its prompt: expanded, every cell shows when
+    it has run."""
+    page.get_by_role("menuitem", name="View", exact=True).click()
+    page.get_by_role("menuitem", name="Expand All Code", exact=True).click()
 
 
 def prompts(page) -> list[str]:
@@ -278,6 +289,7 @@ def finished(browser, lab, notebook_data):
     execute(name, notebook_data, lab.root, output=lab.root / f"{name}-tiny.ipynb", prepare_only=True, **TINY)
     page = open_notebook(browser, lab, f"{name}-tiny.ipynb")
     try:
+        expand_all_code(page)
         run_all_cells(page)
         wait_until_finished(page, RUN_TIMEOUT_S)
         yield outputs(page)

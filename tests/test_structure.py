@@ -1,6 +1,7 @@
 """Every notebook shares one skeleton: headings, one parameters cell, the project kernel, no outputs."""
 
 import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -10,7 +11,17 @@ from common.kernel import NAME as KERNEL
 from common.run import COMPARES_PLACEMENTS
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-HEADINGS = ["Setup", "Parameters", "Data", "Model", "Train", "Evaluate", "Synthetic-data benchmark", "Record"]
+HEADINGS = [
+    "Setup",
+    "Parameters",
+    "Data",
+    "Model",
+    "Train",
+    "Evaluate",
+    "Synthetic-data benchmark",
+    "Record",
+    "Exercises",
+]
 PARAMETERS = {
     "DATA_DIR",
     "DEVICES",
@@ -82,3 +93,37 @@ def test_committed_without_outputs(notebook):
 
 def test_valid_nbformat(notebook):
     nbformat.validate(notebook)
+
+
+def exercises_section(notebook) -> list:
+    """The cells after the "## Exercises" heading: the last section of every notebook."""
+    start = next(
+        i
+        for i, cell in enumerate(notebook.cells)
+        if cell.cell_type == "markdown" and cell.source.startswith("## Exercises")
+    )
+    return notebook.cells[start + 1 :]
+
+
+def test_exercises_with_hidden_answers(notebook):
+    """3 to 5 numbered exercises, each saying what to predict, change and look at, then one collapsed answer cell that
+    compares this notebook's runs through common.exercises and names only parameters the notebook has."""
+    section = exercises_section(notebook)
+    titles = [cell.source.splitlines()[0] for cell in section if cell.cell_type == "markdown"]
+    numbers = [int(re.fullmatch(r"### Exercise (\d+): .+", title).group(1)) for title in titles]
+    assert numbers == list(range(1, len(numbers) + 1)) and 3 <= len(numbers) <= 5, titles
+    names = parameter_names(notebook)
+    code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    recorded = re.search(r'results\.Run\(\s*"\w+",\s*"([^"]+)"', code).group(1)  # the notebook its records name
+    for question, answer in zip(section[::2], section[1::2], strict=True):
+        assert question.cell_type == "markdown" and answer.cell_type == "code", question.source[:60]
+        for part in ("**Predict:**", "**Change:**", "**Look at:**"):
+            assert part in question.source, f"{question.source.splitlines()[0]} lacks {part}"
+        assert question.source.rstrip().endswith("Answer (hidden cell below: click to expand and run)")
+        assert answer.metadata.get("jupyter", {}).get("source_hidden") is True, answer.source[-80:]
+        assert answer.metadata["jupyter"].get("outputs_hidden") is False  # the comparison shows once it ran
+        assert "answer" in answer.metadata.get("tags", [])
+        lines = [line for line in answer.source.splitlines() if not line.startswith("#")]
+        assert lines[0].startswith(f'exercises.compare(RESULTS_DIR, "{recorded}", ') and len(lines) <= 2, lines
+        changed = set(re.findall(r"\b([A-Z][A-Z_]+)=", "\n".join(lines))) - {"RESULTS_DIR"}
+        assert changed <= names, f"{sorted(changed - names)} are no parameters of this notebook"
