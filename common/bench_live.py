@@ -48,8 +48,8 @@ def rate(watch):
 step(); step()
 """
 ROUND = """
-found = {{"no monitor": rate(contextlib.nullcontext()), "monitor": rate(Monitor(live=False)),
-          "monitor with live view": rate(Monitor(live=True))}}
+found = {"no monitor": rate(contextlib.nullcontext()), "monitor": rate(Monitor(live=False)),
+         "monitor with live view": rate(Monitor(live=True))}
 print(json.dumps(found))
 """
 
