@@ -92,7 +92,8 @@ def guide(run_dir) -> str:
         if name.startswith(f"{mp} (pipeline-gpipe m=")
     ]
     others = "\n".join(
-        f"| `{name}` | {f.time(name, 2)} | {f.value(name, 2, 'scaling_efficiency', '.0%')} | {f.verdict(name, 2)} |"
+        f"| `{name}` | {f.time(name, 2)} | {f.value(name, 2, 'train_images_per_second', '.1f')} | {f.verdict(name, 2)}"
+        + " |"
         for name in OTHER_FRAMEWORKS
     )
     return f"""# Workshop: data vs. model parallelism on laptops without GPUs (90 minutes)
@@ -158,10 +159,10 @@ in its benchmark table (images/s of the same step on one batch in memory):
 ## 65-80: another framework
 
 Each participant picks the framework they use and runs its data-parallel notebook with `DEVICES=2`, then compares its
-scaling and its diagnosis with PyTorch's (the notebooks share their headings, so the same cells are in the same
+images/s and its diagnosis with PyTorch's (the notebooks share their headings, so the same cells are in the same
 places):
 
-| notebook | run time | scaling efficiency | what held it back |
+| notebook | run time | training images/s | what held it back |
 |---|---|---|---|
 {others}
 
