@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -38,18 +39,34 @@ def test_one_failing_torchrun_rank_fails_the_launch(tmp_path):
         launch.run(command)
 
 
-def test_interrupting_a_launch_ends_every_process_it_started_and_says_so(capsys):
-    """What the stop button does to a cell running torchrun or mpiexec: KeyboardInterrupt in the kernel."""
-    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-    script += "print('ready', flush=True); time.sleep(60)"
-    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))  # as the kernel's interrupt
-    timer.start()
-    before = set(psutil.pids())
-    with pytest.raises(KeyboardInterrupt):
-        launch.run([PY, "-c", script])
-    started = [pid for pid in set(psutil.pids()) - before if psutil.pid_exists(pid)]
-    alive = [psutil.Process(pid) for pid in started if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert not [p for p in alive if "time.sleep(60)" in " ".join(p.cmdline())], "a launched process survived"
+def test_interrupting_a_launch_ends_every_process_it_started_and_says_so(capsys, tmp_path):
+    """What the stop button does to a cell running torchrun or mpiexec: SIGINT to the kernel, once the launch runs."""
+    ready = tmp_path / "ready"  # the launched process's child, named once it runs
+    script = (
+        "import os, subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+        f"time.sleep(60)']); open({str(ready)!r} + '.tmp', 'w').write(str(child.pid)); "
+        f"os.rename({str(ready)!r} + '.tmp', {str(ready)!r}); time.sleep(60)"
+    )
+
+    def interrupt():
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # Python's own handler, as in a kernel: a library imported by an earlier test may have replaced it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch.run([PY, "-c", script])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        _, alive = psutil.wait_procs([psutil.Process(int(ready.read_text()))], timeout=10)
+    except psutil.NoSuchProcess:
+        alive = []
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], "the launched process's child survived"
     assert capsys.readouterr().out.splitlines()[-1] == "Interrupted: stopped python and the 1 process(es) it started."
 
 
