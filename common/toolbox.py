@@ -149,6 +149,17 @@ def recommendation(bought: pd.DataFrame, checks: pd.DataFrame, kind: str, more=(
     return lines
 
 
+def conclude(rows: list[Measured], baseline: Measured, checks: pd.DataFrame, kind: str, more=()) -> pd.DataFrame:
+    """The notebook's last word: print the :func:`recommendation` and what this machine could not measure, and return
+    :func:`what_each_bought` for display."""
+    bought = what_each_bought(rows, baseline)
+    for line in recommendation(bought, checks, kind, more):
+        print("*", line)
+    for what, why in not_measured_fields(rows).items():
+        print(f"  not measured here, {what}: {why}")
+    return bought.round(2)
+
+
 def fields(row: Measured) -> dict:
     """A measured row as the fields of its results record."""
     return {
