@@ -69,7 +69,11 @@ class Cluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.nodes: list[Node] = []
 
-    def start(self, name: str, command: list[str], env: dict[str, str] | None = None, cwd=None) -> Node:
+    def start(
+        self, name: str, command: list[str], env: dict[str, str] | None = None, cwd=None, core: int | None = None
+    ) -> Node:
+        """Start ``command`` as node ``name``; ``core`` pins it (and all it starts) to that CPU core, as if it were a
+        host of its own: two workers that each count every core of this machine as theirs oversubscribe it."""
         node = Node(name, [str(part) for part in command], dict(env or {}), self.log_dir / f"{name}.log")
         with node.log.open("wb") as log:
             # Own session: the launcher and every worker it starts form one process group to kill.
@@ -81,6 +85,7 @@ class Cluster:
                 env={**os.environ, **node.env},
                 cwd=cwd,
                 start_new_session=True,
+                preexec_fn=None if core is None else lambda: os.sched_setaffinity(0, {core % os.cpu_count()}),
             )
         self.nodes.append(node)
         return node

@@ -79,7 +79,7 @@ def test_tensorflow_two_workers_with_tf_config(notebook_data, tmp_path, cluster)
             "Tensorflow_MultiGPU", tmp_path / f"worker{index}.ipynb", STRATEGY="multi_worker", DEVICES=1, **parameters
         )
         env = {"TF_CONFIG": tf_config(workers, index), "TF_CPP_MIN_LOG_LEVEL": "2"}
-        nodes.append(cluster.start(f"TensorFlow worker {index} (papermill)", command, env=env))
+        nodes.append(cluster.start(f"TensorFlow worker {index} (papermill)", command, env=env, core=index))
     cluster.check(nodes, NOTEBOOK_LAUNCH_TIMEOUT)
 
     reports = [protocol.read_glued(tmp_path / f"worker{index}.ipynb")["rank_report"] for index in (0, 1)]
@@ -111,7 +111,7 @@ def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, c
             "Gluon_MultiGPU", tmp_path / f"worker{index}.ipynb", KVSTORE="dist_sync", DEVICES=1, **parameters
         )
         worker_env = {**roles, "DMLC_ROLE": "worker"}
-        started.append(cluster.start(f"MXNet worker {index} (papermill)", command, env=worker_env))
+        started.append(cluster.start(f"MXNet worker {index} (papermill)", command, env=worker_env, core=index))
     cluster.check(started[2:], NOTEBOOK_LAUNCH_TIMEOUT)
     cluster.check(started[:2], 30)  # the scheduler and the server exit when the workers leave
 
