@@ -353,25 +353,25 @@ def dataset(
         )
     else:
         data = data.map(lambda key, label: (eval_transform(read(key), image_size), label), parallel_calls)
-    options = tf.data.Options()
-    # Several workers (multi_worker) each take every n-th global batch, rather than every n-th file.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     data = data.batch(global_batch, drop_remainder=training)
-    return (data.prefetch(tf.data.AUTOTUNE) if prefetch else data).with_options(options)
+    return (data.prefetch(tf.data.AUTOTUNE) if prefetch else data).with_options(_sharded_by_data())
 
 
-def predict_all(strategy: tf.distribute.Strategy, predict_step, distributed) -> tuple[np.ndarray, np.ndarray]:
+def _sharded_by_data() -> tf.data.Options:
+    """Several workers (multi_worker) each take every n-th global batch, rather than every n-th file."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return options
+
+
+def predict_all(distributed_predict_step, distributed) -> tuple[np.ndarray, np.ndarray]:
     """Labels and scores of every image of a distributed dataset, gathered from all replicas in order.
 
-    ``predict_step(images, labels)`` runs on one replica and returns ``(labels, scores)``.
+    ``distributed_predict_step(batch)`` runs the replicas' prediction and returns ``(labels, scores)`` gathered from
+    all of them. Made once (a ``tf.function`` with ``reduce_retracing``), it is traced for the full batches and once
+    more for the first partial one; every later epoch and split reuses those graphs.
     """
-
-    @tf.function
-    def step(batch):
-        labels, scores = strategy.run(predict_step, args=batch)
-        return strategy.gather(labels, axis=0), strategy.gather(scores, axis=0)
-
-    gathered = [step(batch) for batch in distributed]
+    gathered = [distributed_predict_step(batch) for batch in distributed]
     labels = np.concatenate([labels.numpy() for labels, _ in gathered])
     scores = np.concatenate([scores.numpy() for _, scores in gathered])
     return labels, scores.astype(np.float32)
@@ -386,23 +386,21 @@ def random_batch(batch: int, image_size: int, seed: int = 0) -> tuple[tf.Tensor,
 
 
 def time_steps(
-    strategy: tf.distribute.Strategy, train_step, batch_per_replica: int, image_size: int, steps: int, phases=None
+    strategy: tf.distribute.Strategy, distributed_step, batch_per_replica: int, image_size: int, steps: int, phases=None
 ) -> float:
     """Images per second of all replicas together: ``steps`` distributed training steps on one random batch held on
     each replica's device.
 
-    ``train_step(images, labels)`` is the per-replica step and returns its loss. Two warm-up steps (tracing,
-    allocation) are not timed; ``phases`` (a :class:`common.phases.Phases`) gets them and the timed steps.
+    ``distributed_step(batch)`` is the training loop's own step and returns the loss: with the training batches'
+    shapes it runs the graph traced for training, so the benchmark traces nothing again. Two warm-up steps
+    (allocation) are not timed; ``phases`` (a :class:`common.phases.Phases`) gets them and the timed steps.
     """
-    batch = strategy.experimental_distribute_values_from_function(
-        lambda context: random_batch(batch_per_replica, image_size, seed=context.replica_id_in_sync_group)
-    )
-
-    @tf.function
-    def step():
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(train_step, args=batch), axis=None)
-
-    seconds = timed_steps(step, steps, lambda loss: loss.numpy(), phases)  # reading a loss back waits for its step
+    global_batch = random_batch(batch_per_replica * strategy.num_replicas_in_sync, image_size)
+    # split and placed as the training batches are, so that the step sees the very same input structure
+    repeated = tf.data.Dataset.from_tensors(global_batch).repeat().with_options(_sharded_by_data())
+    batch = next(iter(strategy.experimental_distribute_dataset(repeated)))
+    # reading a loss back waits for its step
+    seconds = timed_steps(lambda: distributed_step(batch), steps, lambda loss: loss.numpy(), phases)
     return steps * batch_per_replica * strategy.num_replicas_in_sync / seconds
 
 

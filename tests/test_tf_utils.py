@@ -159,6 +159,17 @@ def test_batch_norm_statistics_stay_per_replica(replicas):
     assert first == second and not np.allclose(first, result["shared_moving_means"][0], atol=1e-4)
 
 
+@pytest.mark.parametrize("replicas_used", ["1", "2"])
+def test_training_benchmark_and_evaluation_reuse_their_traced_graphs(replicas, replicas_used):
+    """Tracing DenseNet-121 takes tens of seconds on a CPU: the benchmark runs the training step's own graph, and
+    evaluation traces full batches once and partial ones once, however many epochs and splits it scores."""
+    result = replicas["tracings"][replicas_used]
+    assert result["scored"] == [20, 20, 11], "every image scored once"
+    assert result["train"] == 1, "the benchmark traced the training step again"
+    assert result["predict"] <= 2, f"evaluation traced {result['predict']} graphs: one per epoch or split"
+    assert result["benchmark_images_per_second"] > 0
+
+
 def tiny_model():
     keras.utils.set_random_seed(0)
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])

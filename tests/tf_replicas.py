@@ -63,6 +63,50 @@ def one_step(strategy, loss_batch: int = GLOBAL_BATCH, batch_norm: bool = False)
     return trained, copies, shared, recomputed
 
 
+def tracings(strategy) -> dict[str, int]:
+    """How often the notebook's distributed functions are traced by one training step, the benchmark and two
+    evaluations of two splits whose last batches are partial."""
+    with strategy.scope():
+        model = make_model()
+        optimizer = keras.optimizers.SGD(0.1)
+
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = tfu.replica_loss(labels, model(images, training=True), GLOBAL_BATCH)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    def predict_step(images, labels):
+        return labels, tf.sigmoid(model(images, training=False))
+
+    @tf.function
+    def distributed_train_step(batch):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=batch), axis=None)
+
+    @tf.function(reduce_retracing=True)
+    def distributed_predict_step(batch):
+        labels, scores = strategy.run(predict_step, args=batch)
+        return strategy.gather(labels, axis=0), strategy.gather(scores, axis=0)
+
+    def split(images: int, training: bool = False) -> tf.data.Dataset:
+        images, labels = (np.resize(part, (images, *part.shape[1:])) for part in make_batch())
+        return tf.data.Dataset.from_tensor_slices((images, labels)).batch(GLOBAL_BATCH, drop_remainder=training)
+
+    train = split(GLOBAL_BATCH, training=True).repeat()  # full batches only, as tfu.dataset trains
+    distributed_train_step(next(iter(strategy.experimental_distribute_dataset(train))))
+    rate = tfu.time_steps(strategy, distributed_train_step, GLOBAL_BATCH // strategy.num_replicas_in_sync, 8, 1)
+    scored = []
+    for images in (20, 20, 11):  # validation twice (two epochs), then a test split: partial last batches of 4 and 3
+        labels, _ = tfu.predict_all(distributed_predict_step, strategy.experimental_distribute_dataset(split(images)))
+        scored.append(len(labels))
+    return {
+        "train": distributed_train_step.experimental_get_tracing_count(),
+        "predict": distributed_predict_step.experimental_get_tracing_count(),
+        "scored": scored,
+        "benchmark_images_per_second": rate,
+    }
+
+
 def fit_step(strategy):
     """The weights after one step of ``model.fit``, as the Keras notebook trains."""
     with strategy.scope():
@@ -114,6 +158,9 @@ def main() -> None:
         "shared_moving_means": shared,
         "recomputed_moving_means": recomputed,
         "trained_two_vs_one": max_difference(trained2, trained1),
+    }
+    report["tracings"] = {
+        str(len(used)): tracings(tfu.make_strategy("mirrored", used, "cpu")) for used in (names[:1], names)
     }
     print(json.dumps(report))
 
