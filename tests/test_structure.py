@@ -83,6 +83,19 @@ def test_data_parallel_notebooks_checkpoint_and_resume(path):
 
 def test_project_kernel(notebook):
     assert notebook.metadata.kernelspec.name == KERNEL
+    # the whole of what the kernel reports, so that JupyterLab does not mark a notebook modified as it opens it
+    assert set(notebook.metadata.language_info) >= {"codemirror_mode", "file_extension", "mimetype", "name", "version"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
+def test_cells_are_checked_for_their_order_and_the_training_loop_runs_once(path):
+    """The setup cell watches the cell order (common.cell_order); a training loop that goes on from its own state
+    (every notebook but the speed-up toolboxes, which only time steps) is tagged to run once per model."""
+    cells = nbformat.read(path, as_version=4).cells
+    setup = next(cell for cell in cells if cell.cell_type == "code")
+    assert f'cell_order.watch("{path.name}")' in setup.source
+    run_once = [cell for cell in cells if "run-once" in cell.metadata.get("tags", [])]
+    assert len(run_once) == (0 if path.stem.endswith("_Speedups") else 1)
 
 
 def test_committed_without_outputs(notebook):
