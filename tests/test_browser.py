@@ -201,6 +201,8 @@ def test_notebook_opens_with_the_project_kernel_and_its_headings(browser, lab, n
     try:
         assert page.locator(".jp-NotebookPanel-toolbar .jp-KernelName").inner_text().strip() == DISPLAY_NAME
         assert rendered_headings(page) == markdown_headings(lab.root / notebook)
+        # opening it changed nothing (a notebook saved without the kernel's whole language_info is marked modified)
+        assert page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0
         # the exercises' answers open collapsed: JupyterLab shows a placeholder instead of their code
         cells = nbformat.read(lab.root / notebook, as_version=4).cells
         answers = sum("answer" in cell.metadata.get("tags", []) for cell in cells)
