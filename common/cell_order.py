@@ -8,7 +8,7 @@ twice. ``watch(notebook)``, called from a notebook's first code cell, checks eac
 - every code cell above it has run in this kernel, in order (a cell that ran before a cell above it was run again
   works on out-of-date state): otherwise it names the first cell to run again and the section it is in;
 - a cell tagged ``run-once`` (the training loops, which go on from the state they leave) runs again only after the
-  section above it has run again: otherwise it names that section.
+  section above it has run again, also when it was interrupted: otherwise it names that section.
 
 Hidden answer cells (tag ``answer``) and cells that are not in the saved notebook (papermill's injected parameters, a
 cell typed into the kernel) are not checked. Headless runs execute the cells in order and never trip it.
@@ -123,7 +123,9 @@ class Watch:
 
     def post_run_cell(self, result) -> None:
         cell = find(self.cells(), result.info.raw_cell or "")
-        if cell is not None and result.success:
+        # a run-once cell that stopped half-way (the stop button) has changed its state all the same
+        refused = isinstance(result.error_before_exec or result.error_in_exec, CellOrderError)
+        if cell is not None and not refused and (result.success or RUN_ONCE in cell.tags):
             self.runs += 1
             self.ran[cell.index] = self.runs
 

@@ -52,17 +52,25 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
     except BaseException as error:
         stopped = _stop(process)
         if isinstance(error, KeyboardInterrupt):  # the stop button: say what it ended, the traceback does not
-            print(f"\nInterrupted: stopped {os.path.basename(command[0])} and the {stopped} process(es) it started.")
+            print(f"\nInterrupted: stopped {name(command)} and the {stopped} process(es) it started.")
         raise
     finally:
         process.stdout.close()
     if code != 0:
         tail.append(partial)
         raise LaunchError(
-            f"{os.path.basename(command[0])} {' '.join(command[1:3])} ... exited with code {code}; "
+            f"{name(command)} {' '.join(command[3:5] if command[1:2] == ['-m'] else command[1:3])} ... exited with "
+            f"code {code}; "
             f"its last lines:\n" + "\n".join(line for line in tail if line.strip())
         )
     return started, time.time()
+
+
+def name(command: list[str]) -> str:
+    """What a person calls the launcher: ``torchrun`` for ``python -m torch.distributed.run``, else the program."""
+    if len(command) > 2 and command[1] == "-m":
+        return {"torch.distributed.run": "torchrun"}.get(command[2], command[2])
+    return os.path.basename(command[0])
 
 
 def _end_with_the_kernel() -> None:

@@ -79,6 +79,12 @@ def test_a_cell_is_found_by_its_source_or_an_edit_not_yet_saved(cells):
     assert cell_order.find(cells, "print('something typed into the kernel')") is None
 
 
+def with_source(notebook: nbformat.NotebookNode, index: int, source: str) -> nbformat.NotebookNode:
+    """The notebook with code cell ``index`` edited and saved, as a person does in JupyterLab."""
+    [cell for cell in notebook.cells if cell.cell_type == "code"][index].source = source
+    return notebook
+
+
 def run(client, source: str) -> dict:
     """Execute ``source`` in the kernel; its error (``ename``, ``evalue``, ``traceback``) or an empty dict."""
     errors = []
@@ -106,6 +112,12 @@ def test_in_a_kernel_a_cell_out_of_order_stops_before_it_runs(tmp_path):
         for index in (DATA, MODEL, STEP, TRAIN):
             assert run(client, code[index]) == {}
         assert run(client, code[TRAIN])["ename"] == "CellOrderError", "a second training would go on from the first"
+        for index in (MODEL, STEP):
+            assert run(client, code[index]) == {}
+        interrupted = code[TRAIN] + "\nraise KeyboardInterrupt"  # the stop button, once the loop has changed weights
+        nbformat.write(with_source(notebook, TRAIN, interrupted), tmp_path / "demo.ipynb")
+        assert run(client, interrupted)["ename"] == "KeyboardInterrupt"
+        assert run(client, interrupted)["ename"] == "CellOrderError", "an interrupted training changed the weights"
         assert run(client, "x = 1") == {}, "a cell of the user's own is not checked"
         assert run(client, "from common import cell_order\ncell_order.stop()") == {}
         assert run(client, code[TRAIN]) == {}, "stop() turns the check off"

@@ -1,0 +1,127 @@
+"""The stop button and a kernel restart during a launched training, in a real Jupyter kernel, for each launcher the
+notebooks use: every launched process ends within seconds, the rendezvous port is free, one line says what was
+stopped, and the same launch then runs again in the same kernel.
+
+The TensorFlow and MXNet notebooks train inside the kernel (their multi-machine workers are started by hand, one
+papermill per host), so what they leave after an interrupt is the kernel's state, which common.cell_order guards.
+"""
+
+import socket
+import textwrap
+import time
+
+import psutil
+import pytest
+from cluster import free_port
+from jupyter_client.manager import start_new_kernel
+
+from common import chainer_utils as cu
+from common import torch_utils as tu
+from common.kernel import NAME as KERNEL
+
+WORKER = """
+import os, pathlib, sys, time
+pathlib.Path(sys.argv[1], str(os.getpid())).touch()
+print("worker up", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+LAUNCHERS = ("torchrun", "mpiexec")
+
+
+def command(launcher: str, script, port: int, *rest) -> list[str]:
+    """Two workers as a notebook launches them; torchrun meets at a fixed port, as on several machines, so that the
+    test can see that port freed."""
+    if launcher == "torchrun":
+        return tu.torchrun_multinode_command(script, 1, 2, f"127.0.0.1:{port}", "interrupt", *rest)
+    return cu.mpiexec_command(script, 2, *rest)
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    manager, client = start_new_kernel(kernel_name=KERNEL, cwd=str(tmp_path))
+    try:
+        yield manager, client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def start_launch(client, command: list[str]) -> str:
+    return client.execute(f"from common import launch\nlaunch.run({command!r})")
+
+
+def wait_for_workers(folder, count: int = 2, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(folder.iterdir())) < count:
+        assert time.monotonic() < deadline, f"{count} workers did not start within {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+def reply_and_output(client, msg_id: str, timeout: float) -> tuple[dict, str]:
+    """The execute reply of ``msg_id`` and the text the cell printed."""
+    reply = client.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=timeout)
+    text = []
+    while True:
+        message = client.get_iopub_msg(timeout=5)
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        if message["msg_type"] == "stream":
+            text.append(message["content"]["text"])
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            return reply["content"], "".join(text)
+
+
+def launched(manager) -> list[psutil.Process]:
+    return psutil.Process(manager.provisioner.process.pid).children(recursive=True)
+
+
+def assert_all_gone(processes: list[psutil.Process], timeout: float) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"still running {timeout:.0f} s later: {[p.cmdline()[:4] for p in alive]}"
+
+
+def assert_port_free(port: int) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # raises if the rendezvous store still listens
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_stop_button_ends_the_launch_says_so_and_the_launch_runs_again(kernel, tmp_path, launcher):
+    manager, client = kernel
+    script, port = tmp_path / "worker.py", free_port()
+    script.write_text(textwrap.dedent(WORKER))
+    (tmp_path / "up").mkdir()
+    msg_id = start_launch(client, command(launcher, script, port, tmp_path / "up", 120))
+    wait_for_workers(tmp_path / "up")
+    processes = launched(manager)
+    interrupted = time.monotonic()
+    manager.interrupt_kernel()  # what the stop button sends
+    reply, printed = reply_and_output(client, msg_id, timeout=30)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - interrupted < 20, "the cell returned within seconds"
+    assert printed.strip().splitlines()[-1].startswith(f"Interrupted: stopped {launcher} and the ")
+    assert_all_gone(processes, timeout=5)
+    assert_port_free(port)
+
+    (tmp_path / "again").mkdir()
+    msg_id = start_launch(client, command(launcher, script, port, tmp_path / "again", 0))
+    reply, printed = reply_and_output(client, msg_id, timeout=120)
+    assert reply["status"] == "ok", printed[-2000:]
+    assert printed.count("worker up") == 2
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_kernel_restart_ends_the_launch(kernel, tmp_path, launcher):
+    manager, client = kernel
+    script, port = tmp_path / "worker.py", free_port()
+    script.write_text(textwrap.dedent(WORKER))
+    (tmp_path / "up").mkdir()
+    start_launch(client, command(launcher, script, port, tmp_path / "up", 120))
+    wait_for_workers(tmp_path / "up")
+    processes = launched(manager)
+    manager.restart_kernel(now=True)  # Kernel → Restart: the kernel is killed, with no cleanup of its own
+    assert_all_gone(processes, timeout=10)
+    assert_port_free(port)
