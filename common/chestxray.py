@@ -244,8 +244,14 @@ def _prepared(data_dir, entries: pd.DataFrame, size: int, make: bool) -> Prepare
 
 
 def describe(splits: dict[str, Split]) -> pd.DataFrame:
-    """Images, patients and per-finding prevalence of each split, for display."""
-    table = pd.DataFrame({name: split.prevalence() for name, split in splits.items()}).T
-    table.insert(0, "patients", [len(np.unique(s.patients)) for s in splits.values()])
-    table.insert(0, "images", [len(s) for s in splits.values()])
-    return table
+    """Images, patients and each finding's prevalence (% of images) in each split: one column per split, for display.
+
+    One row per quantity keeps the table narrow. Counts and percentages share a column, so the columns hold Python
+    objects: counts stay whole numbers, and the percentages, already rounded to 0.1, pass a ``.round(3)`` unchanged.
+    """
+    counts = pd.DataFrame(
+        {name: {"images": len(s), "patients": len(np.unique(s.patients))} for name, s in splits.items()}
+    )
+    # float64 first: a float32 rounded to 0.1 would show as 1.2000000476837158 once it is a Python object
+    percent = pd.DataFrame({name: s.prevalence() for name, s in splits.items()}, dtype=float).mul(100).round(1)
+    return pd.concat([counts.astype(object), percent.add_suffix(" %", axis=0).astype(object)])

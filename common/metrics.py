@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -17,6 +16,7 @@ from common.params import FINDINGS
 class AUC:
     per_class: dict[str, float | None]  # None: undefined (one label value only)
     mean: float  # over the defined classes
+    why_undefined: dict[str, str] = field(default_factory=dict)  # e.g. "no positive image", for each None above
 
     @property
     def undefined(self) -> list[str]:
@@ -26,34 +26,39 @@ class AUC:
 def roc_auc(y_true, y_score, class_names=FINDINGS) -> AUC:
     """ROC AUC of each class and their mean.
 
-    A class whose test labels are all 0 (or all 1) has no AUC: it is reported
-    as ``None``, left out of the mean, and named in a warning instead of
-    crashing the run at its very end.
+    A class whose labels are all 0 (or all 1) has no AUC: it is ``None``, left out of the mean, and
+    :func:`auc_table` says so. Not a warning: a small split lacks some findings at every evaluation, and the reader
+    needs it once, next to the numbers it changes, not in red after each epoch.
     """
     y_true, y_score = np.asarray(y_true), np.asarray(y_score)
     if y_true.shape != y_score.shape or y_true.ndim != 2 or y_true.shape[1] != len(class_names):
         raise ValueError(f"labels {y_true.shape} and scores {y_score.shape} must both be (images, {len(class_names)})")
-    per_class = {}
+    per_class, why = {}, {}
     for column, name in enumerate(class_names):
         truth = y_true[:, column]
         if np.unique(truth).size < 2:
             per_class[name] = None
+            why[name] = "no negative image" if truth.any() else "no positive image"
         else:
             per_class[name] = float(roc_auc_score(truth, y_score[:, column]))
     defined = [value for value in per_class.values() if value is not None]
-    undefined = [name for name, value in per_class.items() if value is None]
-    if undefined:
-        warnings.warn(
-            f"ROC AUC undefined for {', '.join(undefined)}: the test labels hold one value only; "
-            f"left out of the mean of the other {len(defined)} classes.",
-            stacklevel=2,
-        )
-    return AUC(per_class, float(np.mean(defined)) if defined else math.nan)
+    return AUC(per_class, float(np.mean(defined)) if defined else math.nan, why)
 
 
 def auc_table(auc: AUC, name: str = "test AUC") -> pd.DataFrame:
-    """The AUC of each finding as one row, rounded for reading (undefined findings empty)."""
-    return pd.Series(auc.per_class, name=name, dtype=float).to_frame().T.round(3)
+    """The AUC of each finding, one per row, then their mean, rounded for reading.
+
+    One row per finding keeps the table narrow enough to read without scrolling. With undefined findings a ``note``
+    column says why each is undefined (NaN) and over how many findings the mean is taken.
+    """
+    table = pd.Series(auc.per_class, dtype=float).to_frame(name)
+    table.loc["mean"] = auc.mean
+    if auc.undefined:
+        table["note"] = ""
+        for finding in auc.undefined:
+            table.loc[finding, "note"] = "undefined: " + auc.why_undefined.get(finding, "one label value only")
+        table.loc["mean", "note"] = f"of the {len(auc.per_class) - len(auc.undefined)} defined findings"
+    return table.round(3)
 
 
 def images_per_second(images_per_epoch: int, epoch_seconds) -> float:

@@ -5,6 +5,8 @@ Every plot has a title, axis labels with units, and its legend outside the lines
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from common import phases as run_phases
@@ -47,12 +49,19 @@ def utilization(frame: pd.DataFrame, title: str = "", phases: list[dict] | None 
         bottom.plot(group["seconds"], group["memory_mib"], label=device)
     shown = []
     if phases and started is not None:
+        # the run's phases begin before the monitor (start-up, data check) and may go on after it: only the
+        # monitored time has lines to explain
+        monitored = frame["seconds"].max() if not frame.empty else math.inf
         for row in phases:
-            begin = row["start"] - started
+            begin = max(row["start"] - started, 0.0)
+            end = min(row["start"] - started + row["seconds"], monitored)
+            if end <= begin:
+                continue
             for axis in (top, bottom):
-                axis.axvspan(begin, begin + row["seconds"], color=PHASE_COLOURS[row["phase"]], alpha=0.15, lw=0)
+                axis.axvspan(begin, end, color=PHASE_COLOURS[row["phase"]], alpha=0.15, lw=0)
             if row["phase"] not in shown:
                 shown.append(row["phase"])
+    top.set_xlim(left=0)  # not the autoscale margin before the first sample
     top.set(ylabel="utilization %", ylim=(0, 105), title=title or "Device utilization and memory")
     bottom.set(ylabel="memory MiB", xlabel="seconds since the monitor started")
     handles, _ = top.get_legend_handles_labels()

@@ -186,9 +186,18 @@ def test_check_false_skips_decoding(standin_copy):
     assert sum(len(split) for split in splits.values()) == 120
 
 
-def test_describe_counts_images_and_patients(standin):
+def test_describe_counts_images_and_patients_then_each_findings_prevalence_per_split(standin):
     splits = chestxray.load(standin)
     table = chestxray.describe(splits)
-    assert table["images"].tolist() == [len(splits[name]) for name in chestxray.SPLIT_NAMES]
-    assert table.loc["test", "patients"] == len(patients(splits["test"]))
-    assert list(table.columns[2:]) == list(FINDINGS)
+    assert list(table.columns) == list(chestxray.SPLIT_NAMES)
+    assert list(table.index) == ["images", "patients", *(f"{finding} %" for finding in FINDINGS)]
+    assert table.loc["images"].tolist() == [len(splits[name]) for name in chestxray.SPLIT_NAMES]
+    assert table.loc["patients", "test"] == len(patients(splits["test"]))
+    assert table.loc["Mass %", "train"] == round(100 * splits["train"].prevalence()["Mass"], 1)
+
+
+def test_describe_keeps_counts_whole_after_the_notebooks_round(standin):
+    shown = chestxray.describe(chestxray.load(standin)).round(3).to_string()
+    counts = [line.split()[1:] for line in shown.splitlines() if line.startswith(("images", "patients"))]
+    assert len(counts) == 2 and all(value.isdigit() for row in counts for value in row), shown
+    assert max(len(line) for line in shown.splitlines()) < 50, "narrow: no wrapping, no scrolling"

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -28,15 +29,17 @@ def test_roc_auc_matches_sklearn_per_class_and_mean(random_labels_and_scores):
     assert auc.undefined == []
 
 
-def test_single_valued_class_is_none_left_out_of_mean_and_named_in_a_warning(random_labels_and_scores):
+def test_single_valued_class_is_none_left_out_of_mean_and_named_without_a_warning(random_labels_and_scores):
     y_true, y_score = random_labels_and_scores
     y_true[:, FINDINGS.index("Hernia")] = 0  # no positive
     y_true[:, FINDINGS.index("Edema")] = 1  # no negative
-    with pytest.warns(UserWarning, match=r"ROC AUC undefined for Edema, Hernia.*other 12 classes"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning at every evaluation would be red noise in a notebook
         auc = metrics.roc_auc(y_true, y_score)
     assert auc.per_class["Hernia"] is None
     assert auc.per_class["Edema"] is None
     assert auc.undefined == ["Edema", "Hernia"]
+    assert auc.why_undefined == {"Edema": "no negative image", "Hernia": "no positive image"}
     defined = [
         roc_auc_score(y_true[:, k], y_score[:, k]) for k, name in enumerate(FINDINGS) if name not in ("Edema", "Hernia")
     ]
@@ -44,9 +47,28 @@ def test_single_valued_class_is_none_left_out_of_mean_and_named_in_a_warning(ran
 
 
 def test_all_classes_undefined_gives_nan_mean():
-    with pytest.warns(UserWarning, match="ROC AUC undefined"):
-        auc = metrics.roc_auc(np.zeros((4, 2)), np.ones((4, 2)), class_names=("a", "b"))
+    auc = metrics.roc_auc(np.zeros((4, 2)), np.ones((4, 2)), class_names=("a", "b"))
     assert math.isnan(auc.mean)
+
+
+def test_auc_table_is_one_row_per_finding_then_the_mean_rounded(random_labels_and_scores):
+    auc = metrics.roc_auc(*random_labels_and_scores)
+    table = metrics.auc_table(auc, name="valid AUC")
+    assert list(table.index) == [*FINDINGS, "mean"]
+    assert list(table.columns) == ["valid AUC"], "no note column when every finding has an AUC"
+    assert table.loc["Mass", "valid AUC"] == round(auc.per_class["Mass"], 3)
+    assert table.loc["mean", "valid AUC"] == round(auc.mean, 3)
+    assert max(len(line) for line in table.to_string().splitlines()) < 40, "narrow: no wrapping, no scrolling"
+
+
+def test_auc_table_says_which_findings_are_undefined_and_what_the_mean_covers(random_labels_and_scores):
+    y_true, y_score = random_labels_and_scores
+    y_true[:, FINDINGS.index("Hernia")] = 0
+    table = metrics.auc_table(metrics.roc_auc(y_true, y_score))
+    assert math.isnan(table.loc["Hernia", "test AUC"])
+    assert table.loc["Hernia", "note"] == "undefined: no positive image"
+    assert table.loc["mean", "note"] == "of the 13 defined findings"
+    assert table.loc["Mass", "note"] == ""
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pandas as pd  # noqa: E402
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
-from common import monitor  # noqa: E402
+from common import monitor, plots  # noqa: E402
 
 
 class FakeNVML:
@@ -135,6 +135,26 @@ def test_plot_returns_a_figure_with_utilization_and_memory(figure):
     assert [line.get_label() for line in top.get_lines()] == ["gpu:0", "gpu:1"]
     assert list(top.get_lines()[0].get_ydata()) == [10.0, 30.0, 50.0]
     assert list(bottom.get_lines()[1].get_ydata()) == [1000.0, 1000.0, 1000.0]
+
+
+def test_plot_shows_only_the_monitored_time_of_phases_that_began_before_or_went_on_after_it():
+    started = 1000.0
+    frame = pd.DataFrame(
+        {"seconds": [0.0, 10.0, 20.0], "device": "cpu", "utilization_percent": 50.0, "memory_mib": [1.0, 2.0, 3.0]}
+    )
+    phases = [
+        {"phase": "start-up", "start": 900.0, "seconds": 50.0},  # over before the monitor started
+        {"phase": "data check", "start": 990.0, "seconds": 15.0},  # began before it
+        {"phase": "train", "start": 1005.0, "seconds": 10.0},
+        {"phase": "test", "start": 1018.0, "seconds": 30.0},  # went on after its last sample
+    ]
+    fig = plots.utilization(frame, phases=phases, started=started)
+    top, _ = fig.axes
+    assert top.get_xlim()[0] == 0
+    bands = [(band.get_x(), band.get_x() + band.get_width()) for band in top.patches]
+    assert bands == [(0.0, 5.0), (5.0, 15.0), (18.0, 20.0)]
+    assert [text.get_text() for text in top.get_legend().get_texts()] == ["cpu", "data check", "train", "test"]
+    plt.close(fig)
 
 
 class FakeDisplay:
