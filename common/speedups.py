@@ -263,7 +263,8 @@ def profile(device, batch: int, image_size: int, precision: str, folder, steps: 
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's own start and stop lines are noise here
+    # 6: above every level Kineto prints at, its "USDT profiler_start/stop" lines included (5 still shows those)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     step = training_step(densenet(device), itertools.repeat(random_batch(batch, image_size, device)), precision)
     step(), step()
     on_gpu = device.type == "cuda"
