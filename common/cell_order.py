@@ -87,7 +87,7 @@ def problem(cells: list[Cell], ran: dict[int, int], cell: Cell) -> str | None:
                 "the cells from it down to this one again first."
             )
         newest, newest_cell = ran[earlier.index], earlier
-    if RUN_ONCE in cell.tags and cell.index in ran:
+    if RUN_ONCE in cell.tags and cell.index in ran and above:
         sections = list(dict.fromkeys(c.section for c in above))
         before = sections[-2] if cell.section == sections[-1] and len(sections) > 1 else sections[-1]
         start = next(c for c in above if c.section == before)
