@@ -75,6 +75,8 @@ class Cluster:
         """Start ``command`` as node ``name``; ``core`` pins it (and all it starts) to that CPU core, as if it were a
         host of its own: two workers that each count every core of this machine as theirs oversubscribe it."""
         node = Node(name, [str(part) for part in command], dict(env or {}), self.log_dir / f"{name}.log")
+        allowed = sorted(os.sched_getaffinity(0))  # a container may allow other cores than 0 and 1
+        pin = None if core is None else {allowed[core % len(allowed)]}
         with node.log.open("wb") as log:
             # Own session: the launcher and every worker it starts form one process group to kill.
             node.process = subprocess.Popen(
@@ -85,7 +87,7 @@ class Cluster:
                 env={**os.environ, **node.env},
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=None if core is None else lambda: os.sched_setaffinity(0, {core % os.cpu_count()}),
+                preexec_fn=None if pin is None else lambda: os.sched_setaffinity(0, pin),
             )
         self.nodes.append(node)
         return node
