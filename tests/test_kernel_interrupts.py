@@ -9,6 +9,7 @@ papermill per host), so what they leave after an interrupt is the kernel's state
 import socket
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -88,15 +89,22 @@ def assert_port_free(port: int) -> None:
         sock.bind(("127.0.0.1", port))  # raises if the rendezvous store still listens
 
 
+def launch_two_workers(kernel, folder, launcher: str) -> tuple[str, Path, int, list[psutil.Process]]:
+    """Start a launch of two sleeping workers in the kernel and wait until both run: its message id, the worker
+    script, the rendezvous port and the processes it started."""
+    manager, client = kernel
+    script, port = folder / "worker.py", free_port()
+    script.write_text(textwrap.dedent(WORKER))
+    (folder / "up").mkdir()
+    msg_id = start_launch(client, command(launcher, script, port, folder / "up", 120))
+    wait_for_workers(folder / "up")
+    return msg_id, script, port, launched(manager)
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_stop_button_ends_the_launch_says_so_and_the_launch_runs_again(kernel, tmp_path, launcher):
     manager, client = kernel
-    script, port = tmp_path / "worker.py", free_port()
-    script.write_text(textwrap.dedent(WORKER))
-    (tmp_path / "up").mkdir()
-    msg_id = start_launch(client, command(launcher, script, port, tmp_path / "up", 120))
-    wait_for_workers(tmp_path / "up")
-    processes = launched(manager)
+    msg_id, script, port, processes = launch_two_workers(kernel, tmp_path, launcher)
     interrupted = time.monotonic()
     manager.interrupt_kernel()  # what the stop button sends
     reply, printed = reply_and_output(client, msg_id, timeout=30)
@@ -115,13 +123,8 @@ def test_stop_button_ends_the_launch_says_so_and_the_launch_runs_again(kernel, t
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_kernel_restart_ends_the_launch(kernel, tmp_path, launcher):
-    manager, client = kernel
-    script, port = tmp_path / "worker.py", free_port()
-    script.write_text(textwrap.dedent(WORKER))
-    (tmp_path / "up").mkdir()
-    start_launch(client, command(launcher, script, port, tmp_path / "up", 120))
-    wait_for_workers(tmp_path / "up")
-    processes = launched(manager)
+    manager, _ = kernel
+    _, _, port, processes = launch_two_workers(kernel, tmp_path, launcher)
     manager.restart_kernel(now=True)  # Kernel → Restart: the kernel is killed, with no cleanup of its own
     assert_all_gone(processes, timeout=10)
     assert_port_free(port)
