@@ -105,12 +105,18 @@ class Watch:
 
     def __init__(self, shell, notebook: Path):
         self.shell, self.notebook, self.ran, self.runs = shell, notebook, {}, 0
+        self._read: tuple[tuple, list[Cell]] = ((), [])  # the notebook file's mtime and size, and its cells
 
     def cells(self) -> list[Cell]:
-        try:  # read on every cell: the notebook may have been edited and saved since
-            return read_cells(self.notebook)
+        """The saved notebook's cells, read again only once it was saved since (every cell asks two or three times)."""
+        try:
+            stat = self.notebook.stat()
+            saved = (stat.st_mtime_ns, stat.st_size)  # the size too: a file system may keep coarse times
+            if saved != self._read[0]:
+                self._read = (saved, read_cells(self.notebook))
         except (OSError, ValueError, KeyError):
-            return []
+            self._read = ((), [])
+        return self._read[1]
 
     def transform(self, lines: list[str]) -> list[str]:
         cells = self.cells()
