@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 
 import numpy as np
 
-from common import checkpoints, devices, image_transforms, protocol
+from common import checkpoints, devices, image_transforms, mxnet_cluster, protocol
 from common.errors import InputError
 from common.mxnet_import import load
 from common.params import NUM_CLASSES
@@ -55,7 +56,7 @@ def check_kvstore(kvstore: str | None, device_kind: str, checkpoint_dir=None) ->
         if os.environ.get("DMLC_ROLE") != "worker":
             raise InputError(
                 f"KVSTORE={kvstore!r} trains on a parameter-server cluster: start a scheduler and the servers "
-                "(DMLC_ROLE=scheduler or server python -m common.mxnet_import), then this notebook with "
+                "(DMLC_ROLE=scheduler or server python -m common.mxnet_cluster), then this notebook with "
                 "DMLC_ROLE=worker, all with DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER and DMLC_NUM_WORKER "
                 "set. The README's 'More than one machine' gives the commands; on one machine use KVSTORE=None."
             )
@@ -71,11 +72,14 @@ def create_kvstore(kvstore: str):
     """``(kvstore for the Trainer, this worker's rank, number of workers)``.
 
     The kvstores of one machine are left to the Trainer to create (``(kvstore, 0, 1)``). A ``dist_*`` kvstore is
-    created here: creating it joins the cluster (it waits for every node), which tells the worker its rank.
+    created here: creating it joins the cluster (it waits for every node), which tells the worker its rank. The worker
+    also joins the scheduler's watch (:mod:`common.mxnet_cluster`): call ``mxnet_cluster.done()`` after its last use.
     """
     if kvstore not in DIST_KVSTORES:
         return kvstore, 0, 1
+    mxnet_cluster.check_not_joined()
     kv = mx.kv.create(kvstore)
+    mxnet_cluster.join(f"worker {kv.rank} on {socket.gethostname()}")  # stops the cluster if this worker leaves early
     # The Trainer starts by broadcasting every parameter onto itself (worker 0 pushes its weights, every worker pulls
     # into the same arrays). With MXNet 1.9.1's dist kvstore that aborted the server in our runs ("init <key> first",
     # every run with DenseNet-121); broadcasting from a copy never did.

@@ -1,4 +1,5 @@
-"""The Jupyter kernel every notebook runs on: its name, defined here once, and its installation.
+"""The Jupyter kernel every notebook runs on: its name, defined here once, its installation, and what a worker does
+when its cell is interrupted.
 
 python -m common.kernel                  # into this environment (``make setup`` does this)
 python -m common.kernel --prefix /tmp/j  # elsewhere; then JUPYTER_PATH=/tmp/j/share/jupyter finds it
@@ -11,6 +12,22 @@ import sys
 
 NAME = "multigpu-notebooks"
 DISPLAY_NAME = f"Python 3 ({NAME})"
+
+
+def on_interrupt(callback) -> None:
+    """Inside a Jupyter kernel, call ``callback()`` after every cell that the stop button (or any KeyboardInterrupt)
+    ended: the kernel lives on, so a process that is one of several workers must tell the others itself. Elsewhere an
+    interrupt ends the process, which the other workers notice: nothing to do."""
+    try:
+        shell = get_ipython()  # noqa: F821 (defined inside IPython only)
+    except NameError:
+        return
+
+    def after_cell(result) -> None:
+        if isinstance(result.error_in_exec, KeyboardInterrupt):
+            callback()
+
+    shell.events.register("post_run_cell", after_cell)
 
 
 def install(prefix: str = sys.prefix) -> str:

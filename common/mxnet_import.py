@@ -40,9 +40,3 @@ def load(threads: int | None = None):
     import mxnet
 
     return mxnet
-
-
-if __name__ == "__main__":
-    # `DMLC_ROLE=scheduler python -m common.mxnet_import` (or `server`): importing MXNet in that role runs the node of a
-    # parameter-server cluster until the workers stop it (see the Gluon notebook's dist_sync kvstore)
-    load()

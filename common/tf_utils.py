@@ -8,10 +8,11 @@ TensorFlow fixes its logical devices and thread pools when its runtime first sta
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 
-from common import checkpoints, protocol
+from common import checkpoints, kernel, protocol
 from common import devices as common_devices
 from common.errors import InputError
 from common.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
@@ -90,7 +91,27 @@ def make_strategy(name: str, device_names: list[str], kind: str) -> tf.distribut
         return tf.distribute.MirroredStrategy(device_names, cross_device_ops=cross_device)
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(device_names, parameter_device="/cpu:0")
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])
+    if len(workers) > 1:
+        task = strategy.cluster_resolver.task_id
+        kernel.on_interrupt(lambda: stop_other_workers(f"worker {task}"))
+    return strategy
+
+
+def stop_other_workers(name: str) -> None:
+    """The stop button ended a cell of this worker's kernel, which lives on: the other workers would wait for it in
+    their next all-reduce forever. TensorFlow's coordination service aborts their collectives with this message. (A
+    worker whose process ends is noticed without help: the others stop on its missing heartbeats.)"""
+    # no public API for it: MultiWorkerMirroredStrategy itself reports errors to the cluster this way
+    from tensorflow.python.eager import context
+
+    context.context().report_error_to_cluster(tf.errors.CANCELLED, f"{name} was interrupted (the stop button)")
+    print(
+        f"Interrupted: {name} told the other workers to stop. To train again, restart this kernel (TensorFlow joins a "
+        "cluster once per process) and start every worker anew.",
+        file=sys.stderr,
+    )
 
 
 def check_checkpointing(strategy: str, checkpoint_dir) -> None:

@@ -2,23 +2,28 @@
 notebooks use: every launched process ends within seconds, the rendezvous port is free, one line says what was
 stopped, and the same launch then runs again in the same kernel.
 
-The TensorFlow and MXNet notebooks train inside the kernel (their multi-machine workers are started by hand, one
-papermill per host), so what they leave after an interrupt is the kernel's state, which common.cell_order guards.
+The TensorFlow and MXNet notebooks train inside the kernel, so what they leave after an interrupt on one machine is the
+kernel's state, which common.cell_order guards. Their multi-machine workers are started by hand, one per host: the
+stop button in one worker's kernel must stop the other workers, which would otherwise wait for it forever (TensorFlow
+here, MXNet in tests/test_mxnet_cluster.py).
 """
 
+import os
 import socket
+import sys
 import textwrap
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from cluster import free_port
+from cluster import Cluster, free_port, free_ports
 from jupyter_client.manager import start_new_kernel
 
 from common import chainer_utils as cu
 from common import torch_utils as tu
 from common.kernel import NAME as KERNEL
+from common.tf_utils import tf_config
 
 WORKER = """
 import os, pathlib, sys, time
@@ -27,6 +32,23 @@ print("worker up", flush=True)
 time.sleep(float(sys.argv[2]))
 """
 LAUNCHERS = ("torchrun", "mpiexec")
+# A MultiWorkerMirroredStrategy worker in a loop of all-reduces, as the TensorFlow notebook's training loop
+TF_WORKER = """
+from common import tf_utils as tfu
+
+tf = tfu.tf
+strategy = tfu.make_strategy("multi_worker", [], "cpu")
+weight = tf.Variable(1.0)
+
+
+@tf.function
+def step():
+    return strategy.reduce("SUM", strategy.run(lambda: tf.identity(weight)), axis=None)
+
+
+step()
+print("training", flush=True)
+"""
 
 
 def command(launcher: str, script, port: int, *rest) -> list[str]:
@@ -128,3 +150,46 @@ def test_a_kernel_restart_ends_the_launch(kernel, tmp_path, launcher):
     manager.restart_kernel(now=True)  # Kernel → Restart: the kernel is killed, with no cleanup of its own
     assert_all_gone(processes, timeout=10)
     assert_port_free(port)
+
+
+@pytest.fixture
+def tensorflow_workers(tmp_path):
+    """Worker 0 of two in a kernel, worker 1 a process, both in a loop of all-reduces: (kernel, client, its message
+    id, worker 1's node)."""
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1"}
+    loop = TF_WORKER + "while True:\n    step()\n"
+    with Cluster(tmp_path / "logs") as nodes:
+        other = nodes.start("worker 1", [sys.executable, "-c", loop], env={**env, "TF_CONFIG": tf_config(workers, 1)})
+        manager, client = start_new_kernel(
+            kernel_name=KERNEL, cwd=str(tmp_path), env={**env, "TF_CONFIG": tf_config(workers, 0)}
+        )
+        try:
+            msg_id = client.execute(loop)
+            deadline = time.monotonic() + 120
+            while "training" not in other.output:
+                assert time.monotonic() < deadline and other.process.poll() is None, other.tail()
+                time.sleep(0.2)
+            yield manager, client, msg_id, other
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+
+
+def test_stop_button_in_a_tensorflow_worker_stops_the_other_workers(tensorflow_workers):
+    manager, client, msg_id, other = tensorflow_workers
+    manager.interrupt_kernel()
+    reply, printed = reply_and_output(client, msg_id, timeout=60)
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert "Interrupted: worker 0 told the other workers to stop." in printed
+    assert other.process.wait(timeout=15) == 1
+    assert "CancelledError" in other.output and "worker 0 was interrupted (the stop button)" in other.output
+
+
+def test_a_tensorflow_worker_whose_kernel_restarts_stops_the_other_workers(tensorflow_workers):
+    manager, _, _, other = tensorflow_workers
+    manager.restart_kernel(now=True)  # the kernel is killed: TensorFlow's own heartbeats tell the other worker
+    restarted = time.monotonic()
+    assert other.process.wait(timeout=90) == 1
+    print(f"worker 1 stopped {time.monotonic() - restarted:.1f} s after the restart")
+    assert "Collective ops is aborted by" in other.output and "coordination service" in other.output

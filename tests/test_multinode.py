@@ -8,7 +8,9 @@ every process is killed on the way out, whether the test passed or not.
 """
 
 import json
+import signal
 import sys
+import time
 from pathlib import Path
 
 import cluster as multinode
@@ -92,33 +94,56 @@ def test_tensorflow_two_workers_with_tf_config(notebook_data, tmp_path, cluster)
     assert records["generated"]["test_auc"] == reports[0]["test_auc"]
 
 
+def start_gluon_cluster(cluster, folder: Path, roles: dict, data_dir, **settings) -> list[multinode.Node]:
+    """A scheduler and a server (on host1 in a real run) and two workers, each a notebook, as on two hosts."""
+    node = [sys.executable, "-m", "common.mxnet_cluster"]
+    folder.mkdir()
+    server = {**roles, "DMLC_ROLE": "server", "OMP_NUM_THREADS": "1"}
+    started = [
+        cluster.start(f"MXNet scheduler {folder.name}", node, env={**roles, "DMLC_ROLE": "scheduler"}),
+        cluster.start(f"MXNet server {folder.name}", node, env=server),
+    ]
+    for index in (0, 1):  # each worker has its own results folder, as two machines have their own disks
+        parameters = dict(TINY, DATA_DIR=str(data_dir), RESULTS_DIR=str(folder / f"worker{index}" / "results"))
+        parameters.update(settings)
+        command = papermill_command(
+            "Gluon_MultiGPU", folder / f"worker{index}.ipynb", KVSTORE="dist_sync", DEVICES=1, **parameters
+        )
+        worker_env = {**roles, "DMLC_ROLE": "worker"}
+        started.append(cluster.start(f"MXNet worker {index} {folder.name}", command, env=worker_env, core=index))
+    return started
+
+
 def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, cluster):
-    # one scheduler and one server (on host1 in a real run) and two workers, each a notebook, as on two hosts
     roles = {
         "DMLC_PS_ROOT_URI": "127.0.0.1",
         "DMLC_PS_ROOT_PORT": str(multinode.free_port()),
         "DMLC_NUM_SERVER": "1",
         "DMLC_NUM_WORKER": "2",
     }
-    node = [sys.executable, "-m", "common.mxnet_import"]
-    started = [
-        cluster.start("MXNet scheduler", node, env={**roles, "DMLC_ROLE": "scheduler"}),
-        cluster.start("MXNet server", node, env={**roles, "DMLC_ROLE": "server", "OMP_NUM_THREADS": "1"}),
-    ]
-    for index in (0, 1):  # each worker has its own results folder, as two machines have their own disks
-        parameters = dict(TINY, DATA_DIR=str(notebook_data), RESULTS_DIR=str(tmp_path / f"worker{index}" / "results"))
-        command = papermill_command(
-            "Gluon_MultiGPU", tmp_path / f"worker{index}.ipynb", KVSTORE="dist_sync", DEVICES=1, **parameters
-        )
-        worker_env = {**roles, "DMLC_ROLE": "worker"}
-        started.append(cluster.start(f"MXNet worker {index} (papermill)", command, env=worker_env, core=index))
+    # Ctrl-C on one worker in its first epoch: the scheduler's watch (common.mxnet_cluster) stops every other node
+    # (MXNet numbers the workers in the order they join, so its rank is unknown here)
+    interrupted = start_gluon_cluster(cluster, tmp_path / "interrupted", roles, notebook_data, EPOCHS=3)
+    deadline = time.monotonic() + NOTEBOOK_LAUNCH_TIMEOUT
+    while "epoch 1/3" not in interrupted[2].output:
+        assert time.monotonic() < deadline and interrupted[2].process.poll() is None, interrupted[2].tail()
+        time.sleep(0.2)
+    interrupted[2].process.send_signal(signal.SIGINT)
+    codes = cluster.wait(interrupted, timeout=30)
+    assert all(code != 0 for code in codes.values()), f"a node finished a run whose worker 0 was interrupted: {codes}"
+    assert "Stopped the MXNet cluster: worker " in interrupted[0].output
+    assert "left before the end (it was interrupted)" in interrupted[0].output
+    assert "Stopped worker " in interrupted[3].output and "Stopped server on " in interrupted[1].output
+
+    # the same ports again: the whole run
+    started = start_gluon_cluster(cluster, tmp_path / "run", roles, notebook_data)
     cluster.check(started[2:], NOTEBOOK_LAUNCH_TIMEOUT)
     cluster.check(started[:2], 30)  # the scheduler and the server exit when the workers leave
 
-    reports = [protocol.read_glued(tmp_path / f"worker{index}.ipynb")["rank_report"] for index in (0, 1)]
+    reports = [protocol.read_glued(tmp_path / "run" / f"worker{index}.ipynb")["rank_report"] for index in (0, 1)]
     # the train loss is each worker's own part of the batches; the weights and the test must agree
     assert_ranks_agree(reports, world_size=2, same_loss=False)
-    written = [list((tmp_path / f"worker{index}" / "results").glob("*.json")) for index in (0, 1)]
+    written = [list((tmp_path / "run" / f"worker{index}" / "results").glob("*.json")) for index in (0, 1)]
     assert sorted(map(len, written)) == [0, 2], f"records written: {written}: worker 0 alone writes them"
     records = {record["data"]: record for record in map(json.loads, (p.read_text() for p in written[0] + written[1]))}
     assert records["generated"]["devices"] == 2 and records["generated"]["kvstore"] == "dist_sync"

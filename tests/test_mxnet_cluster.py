@@ -1,0 +1,158 @@
+"""The watch of an MXNet parameter-server cluster (common.mxnet_cluster): a node that leaves before the end stops every
+other node within seconds, each with one line that says why, and frees the ports; a normal end stops nobody.
+
+The scheduler and the server are MXNet's own, started as the notebook prints them (``python -m common.mxnet_cluster``).
+The workers here only join the watch, without training: MXNet itself then waits for them, as it waits for a worker that
+is gone. tests/test_multinode.py interrupts a real worker of a real cluster.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import cluster as multinode
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+from test_kernel_interrupts import reply_and_output
+
+from common.kernel import NAME as KERNEL
+
+NODE = [sys.executable, "-m", "common.mxnet_cluster"]
+WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from common import mxnet_cluster
+    mxnet_cluster.join(sys.argv[1])
+    print("joined", flush=True)
+    if sys.argv[2:] == ["done"]:
+        mxnet_cluster.done()
+        time.sleep(0.5)
+        sys.exit(0)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.fixture
+def roles():
+    """The ``DMLC_*`` variables of one server and two workers on this machine."""
+    return {
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": str(multinode.free_port()),
+        "DMLC_NUM_SERVER": "1",
+        "DMLC_NUM_WORKER": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    with multinode.Cluster(tmp_path / "logs") as started:
+        yield started
+
+
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.1)
+
+
+def watched(roles) -> int:
+    """How many connections the watch (the port after the scheduler's) has accepted now."""
+    port = int(roles["DMLC_PS_ROOT_PORT"]) + 1
+    return sum(c.laddr.port == port and c.status == "ESTABLISHED" for c in psutil.net_connections("tcp"))
+
+
+def start_cluster(nodes, roles) -> tuple[multinode.Node, multinode.Node]:
+    """A scheduler with its watch and a server that joined it."""
+    scheduler = nodes.start("scheduler", NODE, env={**roles, "DMLC_ROLE": "scheduler"})
+    server = nodes.start("server", NODE, env={**roles, "DMLC_ROLE": "server"})
+    wait_until(lambda: watched(roles) == 1, "the server to join the watch")
+    return scheduler, server
+
+
+def start_worker(nodes, roles, index: int, *args: str) -> multinode.Node:
+    name = f"worker {index}"
+    worker = nodes.start(name, [sys.executable, "-c", WORKER, name, *args], env=roles)
+    wait_until(lambda: "joined" in worker.output or worker.process.poll() is not None, f"{name} to join")
+    return worker
+
+
+def assert_ports_free(roles) -> None:
+    for port in (int(roles["DMLC_PS_ROOT_PORT"]), int(roles["DMLC_PS_ROOT_PORT"]) + 1):
+        with socket.socket() as sock:
+            # as the next scheduler binds (ZeroMQ and the watch set SO_REUSEADDR): the closed connections' TIME_WAIT
+            # does not matter, a process that still listens does
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+
+
+def test_a_worker_that_dies_stops_the_scheduler_the_server_and_the_other_worker(nodes, roles):
+    scheduler, server = start_cluster(nodes, roles)
+    workers = [start_worker(nodes, roles, index) for index in (0, 1)]
+    workers[0].process.send_signal(signal.SIGKILL)  # a crash or a kernel restart: not a word, the connection closes
+
+    codes = nodes.wait([scheduler, server, workers[1]], timeout=15)
+    assert codes == {"scheduler": 1, "server": 1, "worker 1": 1}, "every other node stops, with an error"
+    assert "Stopped the MXNet cluster: worker 0 left before the end (its connection closed" in scheduler.output
+    assert "Stopped worker 1: worker 0 left the cluster before the end" in workers[1].output
+    assert "Stopped server on " in server.output
+    assert_ports_free(roles)
+
+
+def test_a_stopped_scheduler_stops_the_nodes_after_a_grace_period(nodes, roles):
+    scheduler, server = start_cluster(nodes, roles)
+    worker = start_worker(nodes, roles, 0)
+    scheduler.process.send_signal(signal.SIGKILL)
+    codes = nodes.wait([server, worker], timeout=15)
+    assert codes == {"server": 1, "worker 0": 1}
+    assert "the MXNet scheduler's watch went away" in worker.output and "watch went away" in server.output
+
+
+def test_workers_that_are_done_leave_without_stopping_anyone(nodes, roles):
+    scheduler, server = start_cluster(nodes, roles)
+    workers = [start_worker(nodes, roles, index, "done") for index in (0, 1)]
+    assert nodes.wait(workers, timeout=15) == {"worker 0": 0, "worker 1": 0}
+    time.sleep(1)  # time enough for a wrong stop to arrive
+    assert scheduler.process.poll() is None and server.process.poll() is None, "a normal end stopped a node"
+    assert "Stopped" not in scheduler.output + server.output
+
+
+def test_the_stop_button_in_a_worker_kernel_leaves_and_stops_the_others(nodes, roles, tmp_path):
+    scheduler, server = start_cluster(nodes, roles)
+    other = start_worker(nodes, roles, 1)
+    worker_env = {**os.environ, **roles, "DMLC_ROLE": "worker"}
+    manager, client = start_new_kernel(kernel_name=KERNEL, cwd=str(tmp_path), env=worker_env)
+    try:
+        client.execute_interactive("from common import mxnet_cluster\nmxnet_cluster.join('worker 0')", timeout=30)
+        msg_id = client.execute("import time\nwhile True: time.sleep(0.1)")  # a training loop
+        wait_until(lambda: watched(roles) == 3, "worker 0's kernel to join the watch")
+        manager.interrupt_kernel()
+        reply, printed = reply_and_output(client, msg_id, timeout=30)
+        assert reply["ename"] == "KeyboardInterrupt"
+        assert "Interrupted: worker 0 left the MXNet cluster, so the scheduler, the servers and the other" in printed
+
+        codes = nodes.wait([scheduler, server, other], timeout=15)
+        assert codes == {"scheduler": 1, "server": 1, "worker 1": 1}
+        assert "worker 0 left before the end (it was interrupted)" in scheduler.output
+        assert_ports_free(roles)
+
+        # the kernel lives on, and refuses to join a cluster a second time (MXNet cannot) rather than wait forever
+        reply = client.execute_interactive("from common import gluon_utils\ngluon_utils.create_kvstore('dist_sync')")
+        assert reply["content"]["ename"] == "InputError"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def test_a_scheduler_or_server_command_with_another_role_says_what_it_runs():
+    env = {**os.environ, "DMLC_ROLE": "worker"}
+    result = subprocess.run(NODE, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "this command runs a scheduler or a server" in result.stderr
