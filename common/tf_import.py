@@ -21,6 +21,7 @@ from common import devices
 _MESSAGE = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ \S+\] ")  # the prefix of an absl log message
 _BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 _NO_GPU = re.compile(r"E\d{4} [\d:.]+ +\d+ \S+\] failed call to cuInit")
+_NO_ONEDNN_TYPE = re.compile(r"E\d{4} [\d:.]+ +\d+ \S+\] oneDNN supports DT_\w+ only on platforms with AVX-512")
 
 
 @contextlib.contextmanager
@@ -42,15 +43,20 @@ def quiet_start_up(gpu_present: bool):
 
 def kept_lines(text: str, gpu_present: bool) -> list[str]:
     """The lines of ``text`` but the start-up notices: the banner, INFO messages (the oneDNN notice, "Could not find
-    cuda drivers", the CPU instructions it was not built for) and, without a GPU, the cuInit failure. A message's
-    continuation lines go with it."""
+    cuda drivers", the CPU instructions it was not built for), the oneDNN data-type notice of
+    :func:`quiet_first_graph_notices` and, without a GPU, the cuInit failure. A message's continuation lines go with
+    it."""
     kept, dropping = [], False
     for line in text.splitlines(keepends=True):
         if line.startswith(_BANNER):
             dropping = False
             continue
         if _MESSAGE.match(line):
-            dropping = line.startswith("I") or (not gpu_present and bool(_NO_GPU.match(line)))
+            dropping = (
+                line.startswith("I")
+                or (not gpu_present and bool(_NO_GPU.match(line)))
+                or bool(_NO_ONEDNN_TYPE.match(line))
+            )
         if not dropping:
             kept.append(line)
     return kept
@@ -66,5 +72,19 @@ import keras  # noqa: E402  (imported above unless it already was)
 import tensorflow as tf  # noqa: E402
 
 tf.get_logger().setLevel("WARNING")  # tf.distribute logs every cross-device reduction at INFO level
+
+
+def quiet_first_graph_notices() -> None:
+    """Run once the devices and the strategy are set up (the first graph starts TensorFlow's runtime, after which
+    neither can change).
+
+    The first graph that transposes booleans, as ``keras.metrics.AUC`` does in a Keras notebook's first training step,
+    makes TensorFlow log "E0000 ... oneDNN supports DT_BOOL only on platforms with AVX-512. Falling back to the default
+    Eigen-based implementation", in red, on every x86 CPU, AVX-512 or not. It is a notice, logged once per process: this
+    graph has it logged here, where it is caught.
+    """
+    with quiet_start_up(gpu_present=bool(devices.gpu_names())):
+        tf.function(tf.transpose)(tf.eye(2) > 0)  # 2x2: grappler turns a 1x1 transpose into nothing
+
 
 __all__ = ["keras", "tf"]

@@ -17,7 +17,7 @@ from common import devices as common_devices
 from common.errors import InputError
 from common.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 from common.phases import timed_steps
-from common.tf_import import keras, tf
+from common.tf_import import keras, quiet_first_graph_notices, tf
 
 STRATEGIES = ("mirrored", "central_storage", "multi_worker")
 
@@ -88,14 +88,16 @@ def make_strategy(name: str, device_names: list[str], kind: str) -> tf.distribut
     if name == "mirrored":
         # NCCL only exists between GPUs; logical CPU devices reduce through one device
         cross_device = tf.distribute.ReductionToOneDevice() if kind == "cpu" else None
-        return tf.distribute.MirroredStrategy(device_names, cross_device_ops=cross_device)
-    if name == "central_storage":
-        return tf.distribute.experimental.CentralStorageStrategy(device_names, parameter_device="/cpu:0")
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    workers = strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])
-    if len(workers) > 1:
-        task = strategy.cluster_resolver.task_id
-        kernel.on_interrupt(lambda: stop_other_workers(f"worker {task}"))
+        strategy = tf.distribute.MirroredStrategy(device_names, cross_device_ops=cross_device)
+    elif name == "central_storage":
+        strategy = tf.distribute.experimental.CentralStorageStrategy(device_names, parameter_device="/cpu:0")
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        workers = strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])
+        if len(workers) > 1:
+            task = strategy.cluster_resolver.task_id
+            kernel.on_interrupt(lambda: stop_other_workers(f"worker {task}"))
+    quiet_first_graph_notices()
     return strategy
 
 

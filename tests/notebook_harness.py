@@ -4,6 +4,7 @@ One place for the papermill call, the 1-and-2-device runs, the bad-input check a
 so every framework's notebook is held to the same bars.
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,19 @@ AUC_BAR = 0.70
 # The same model, data and scaling rule on 1 and 2 devices must land close: a data-parallel bug
 # (unsynchronized replicas, a shard scored twice, the 2018 Chainer drop) shows as a larger gap.
 AUC_GAP = 0.05
+PROGRESS_BAR = re.compile(r"\d+%\|.*\| *\d+/\d+")  # a tqdm bar: "epoch 1/3:  50%|#####     | 5/10 [...]"
+
+
+def noise(text: str) -> list[str]:
+    """The lines of a stderr output but tqdm's progress bars: log lines, warnings and tracebacks, all in red."""
+    return [line for line in re.split(r"[\r\n]", text) if line.strip() and not PROGRESS_BAR.search(line)]
+
+
+def stderr_noise(notebook: Path) -> list[str]:
+    """What the cells of an executed notebook wrote to stderr but progress bars."""
+    cells = nbformat.read(notebook, as_version=4).cells
+    streams = [out for cell in cells if cell.cell_type == "code" for out in cell.outputs if out.output_type == "stream"]
+    return [line for out in streams if out.name == "stderr" for line in noise(out.text)]
 
 
 def notebook_path(name: str) -> Path:
@@ -121,8 +135,13 @@ class NotebookContract:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def runs(cls, notebook_data, tmp_path_factory):
-        return records_by_devices(cls.NOTEBOOK, notebook_data, tmp_path_factory.mktemp("runs"), **cls.TINY)
+    def run_dir(cls, tmp_path_factory):
+        return tmp_path_factory.mktemp("runs")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def runs(cls, notebook_data, run_dir):
+        return records_by_devices(cls.NOTEBOOK, notebook_data, run_dir, **cls.TINY)
 
     @pytest.mark.parametrize("devices", [1, 2])
     def test_records_are_complete(self, runs, devices):
@@ -143,6 +162,10 @@ class NotebookContract:
     def test_one_and_two_devices_reach_the_same_auc(self, runs):
         auc1, auc2 = (runs[d]["generated"]["test_auc"] for d in (1, 2))
         assert abs(auc1 - auc2) < AUC_GAP, f"1 device: {auc1:.3f}, 2 devices: {auc2:.3f}"
+
+    def test_writes_nothing_to_stderr_but_progress_bars(self, runs, run_dir):
+        """No noise in red: start-up notices, log lines, warnings (the 2-device run, as papermill saved it)."""
+        assert not stderr_noise(run_dir / "2" / "executed-2.ipynb")
 
     @pytest.mark.parametrize(("parameters", "message"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
     def test_bad_input_stops_before_training(self, notebook_data, tmp_path, parameters, message):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_harness import NOTEBOOK_DIR, NotebookContract, execute
+from notebook_harness import NOTEBOOK_DIR, PROGRESS_BAR, NotebookContract, execute, noise
 
 from common.kernel import DISPLAY_NAME
 
@@ -50,7 +50,6 @@ TINY = {**NotebookContract.TINY, "DEVICES": 1, "EPOCHS": 2, "IMAGE_SIZE": 32}
 RUN_TIMEOUT_S = 600
 # tqdm redraws one line per bar; a bar printed line by line would give one line per step (about 35 an epoch here).
 MAX_TRAIN_LINES = 20
-PROGRESS_BAR = re.compile(r"\d+%\|.*\| *\d+/\d+")
 # A bound on the image's height; the tiny run's notebook is about 8,000 pixels tall.
 MAX_SCREENSHOT_HEIGHT = 16000
 
@@ -248,7 +247,7 @@ def stderr_beyond_progress(cells: list[dict]) -> list[str]:
     for cell in cells:
         for out in cell["outputs"]:
             if out["mime"] == "application/vnd.jupyter.stderr":
-                found += [line for line in out["text"].splitlines() if line.strip() and not PROGRESS_BAR.search(line)]
+                found += noise(out["text"])
     return found
 
 

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import keras
@@ -278,6 +279,22 @@ def test_start_up_notices_are_dropped_and_everything_else_kept():
     assert kept == ["before\n", START_UP.splitlines(keepends=True)[-2], "that goes on\n"]
     # on a GPU machine the cuInit failure is why TensorFlow sees no GPU
     assert any("cuInit" in line for line in tf_import.kept_lines(START_UP, gpu_present=True))
+
+
+def test_a_first_graph_of_booleans_logs_no_onednn_notice_once_the_strategy_exists():
+    """keras.metrics.AUC transposes booleans in a Keras notebook's first step; TensorFlow logs an E0000 notice then."""
+    script = textwrap.dedent(
+        """
+        from common import devices, tf_utils as tfu
+        hardware = devices.resolve(1, gpus=[])
+        tfu.make_strategy("mirrored", tfu.configure_devices(hardware, "mirrored"), "cpu")
+        tf = tfu.tf
+        tf.function(lambda b: tf.reduce_any(tf.transpose(b)))(tf.eye(3) > 0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "DT_BOOL" not in out.stderr, out.stderr
 
 
 def test_importing_tensorflow_shows_no_start_up_notices_but_passes_other_output_on():
