@@ -15,8 +15,8 @@ DISPLAY_NAME = f"Python 3 ({NAME})"
 
 
 def on_interrupt(callback) -> None:
-    """Inside a Jupyter kernel, call ``callback()`` after every cell that the stop button (or any KeyboardInterrupt)
-    ended: the kernel lives on, so a process that is one of several workers must tell the others itself. Elsewhere an
+    """Inside a Jupyter kernel, call ``callback()`` after the first cell that the stop button (or any KeyboardInterrupt)
+    ends: the kernel lives on, so a process that is one of several workers must tell the others itself. Elsewhere an
     interrupt ends the process, which the other workers notice: nothing to do."""
     try:
         shell = get_ipython()  # noqa: F821 (defined inside IPython only)
@@ -25,6 +25,7 @@ def on_interrupt(callback) -> None:
 
     def after_cell(result) -> None:
         if isinstance(result.error_in_exec, KeyboardInterrupt):
+            shell.events.unregister("post_run_cell", after_cell)  # IPython calls a copy of the list: safe here
             callback()
 
     shell.events.register("post_run_cell", after_cell)

@@ -108,10 +108,14 @@ def stop_other_workers(name: str) -> None:
     # no public API for it: MultiWorkerMirroredStrategy itself reports errors to the cluster this way
     from tensorflow.python.eager import context
 
-    context.context().report_error_to_cluster(tf.errors.CANCELLED, f"{name} was interrupted (the stop button)")
+    try:
+        context.context().report_error_to_cluster(tf.errors.CANCELLED, f"{name} was interrupted (the stop button)")
+        told = "told the other workers to stop"
+    except Exception as error:  # noqa: BLE001 (the coordination service may be gone with a stopped worker)
+        told = f"could not tell the other workers to stop ({type(error).__name__}: {error})"
     print(
-        f"Interrupted: {name} told the other workers to stop. To train again, restart this kernel (TensorFlow joins a "
-        "cluster once per process) and start every worker anew.",
+        f"Interrupted: {name} {told}. To train again, restart this kernel (TensorFlow joins a cluster once per "
+        "process) and start every worker anew.",
         file=sys.stderr,
     )
 

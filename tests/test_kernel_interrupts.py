@@ -192,4 +192,5 @@ def test_a_tensorflow_worker_whose_kernel_restarts_stops_the_other_workers(tenso
     restarted = time.monotonic()
     assert other.process.wait(timeout=90) == 1
     print(f"worker 1 stopped {time.monotonic() - restarted:.1f} s after the restart")
-    assert "Collective ops is aborted by" in other.output and "coordination service" in other.output
+    # the words depend on what noticed first (a heartbeat, or the all-reduce's own connection): the all-reduce failed
+    assert "CollectiveReduceV2" in other.output and "Error" in other.output, other.tail()
