@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,19 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60, node: Node | None = None) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` s, or at once if ``node`` exits first
+    (with its last lines), rather than wait out the time for a process that is gone."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if node is not None and node.process.poll() is not None:
+            raise AssertionError(f"{node.name} exited ({node.process.returncode}) before {what}:\n{node.tail()}")
+        if time.monotonic() > deadline:
+            lines = "" if node is None else f"; last lines of {node.name}:\n{node.tail()}"
+            raise LaunchTimeout(f"waited {timeout:.0f} s for {what}{lines}")
+        time.sleep(0.1)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cluster import Cluster, free_port, free_ports
+from cluster import Cluster, free_port, free_ports, wait_until
 from jupyter_client.manager import start_new_kernel
 
 from common import chainer_utils as cu
@@ -73,13 +73,6 @@ def start_launch(client, command: list[str]) -> str:
     return client.execute(f"from common import launch\nlaunch.run({command!r})")
 
 
-def wait_for_workers(folder, count: int = 2, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while len(list(folder.iterdir())) < count:
-        assert time.monotonic() < deadline, f"{count} workers did not start within {timeout:.0f} s"
-        time.sleep(0.1)
-
-
 def reply_and_output(client, msg_id: str, timeout: float) -> tuple[dict, str]:
     """The execute reply of ``msg_id`` and the text the cell printed."""
     reply = client.get_shell_msg(timeout=timeout)
@@ -119,7 +112,7 @@ def launch_two_workers(kernel, folder, launcher: str) -> tuple[str, Path, int, l
     script.write_text(textwrap.dedent(WORKER))
     (folder / "up").mkdir()
     msg_id = start_launch(client, command(launcher, script, port, folder / "up", 120))
-    wait_for_workers(folder / "up")
+    wait_until(lambda: len(list((folder / "up").iterdir())) == 2, "both workers to start")
     return msg_id, script, port, launched(manager)
 
 
@@ -166,10 +159,7 @@ def tensorflow_workers(tmp_path):
         )
         try:
             msg_id = client.execute(loop)
-            deadline = time.monotonic() + 120
-            while "training" not in other.output:
-                assert time.monotonic() < deadline and other.process.poll() is None, other.tail()
-                time.sleep(0.2)
+            wait_until(lambda: "training" in other.output, "worker 1's first all-reduce", 120, node=other)
             yield manager, client, msg_id, other
         finally:
             client.stop_channels()

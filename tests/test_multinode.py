@@ -10,7 +10,6 @@ every process is killed on the way out, whether the test passed or not.
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import cluster as multinode
@@ -124,10 +123,8 @@ def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, c
     # Ctrl-C on one worker in its first epoch: the scheduler's watch (common.mxnet_cluster) stops every other node
     # (MXNet numbers the workers in the order they join, so its rank is unknown here)
     interrupted = start_gluon_cluster(cluster, tmp_path / "interrupted", roles, notebook_data, EPOCHS=3)
-    deadline = time.monotonic() + NOTEBOOK_LAUNCH_TIMEOUT
-    while "epoch 1/3" not in interrupted[2].output:
-        assert time.monotonic() < deadline and interrupted[2].process.poll() is None, interrupted[2].tail()
-        time.sleep(0.2)
+    first = interrupted[2]
+    multinode.wait_until(lambda: "epoch 1/3" in first.output, "worker's first epoch", NOTEBOOK_LAUNCH_TIMEOUT, first)
     interrupted[2].process.send_signal(signal.SIGINT)
     codes = cluster.wait(interrupted, timeout=30)
     assert all(code != 0 for code in codes.values()), f"a node finished a run whose worker 0 was interrupted: {codes}"

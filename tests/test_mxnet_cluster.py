@@ -56,13 +56,6 @@ def nodes(tmp_path):
         yield started
 
 
-def wait_until(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
-        time.sleep(0.1)
-
-
 def watched(roles) -> int:
     """How many connections the watch (the port after the scheduler's) has accepted now."""
     port = int(roles["DMLC_PS_ROOT_PORT"]) + 1
@@ -73,14 +66,14 @@ def start_cluster(nodes, roles) -> tuple[multinode.Node, multinode.Node]:
     """A scheduler with its watch and a server that joined it."""
     scheduler = nodes.start("scheduler", NODE, env={**roles, "DMLC_ROLE": "scheduler"})
     server = nodes.start("server", NODE, env={**roles, "DMLC_ROLE": "server"})
-    wait_until(lambda: watched(roles) == 1, "the server to join the watch")
+    multinode.wait_until(lambda: watched(roles) == 1, "the server to join the watch")
     return scheduler, server
 
 
 def start_worker(nodes, roles, index: int, *args: str) -> multinode.Node:
     name = f"worker {index}"
     worker = nodes.start(name, [sys.executable, "-c", WORKER, name, *args], env=roles)
-    wait_until(lambda: "joined" in worker.output or worker.process.poll() is not None, f"{name} to join")
+    multinode.wait_until(lambda: "joined" in worker.output, f"{name} to join", node=worker)
     return worker
 
 
@@ -132,8 +125,10 @@ def test_the_stop_button_in_a_worker_kernel_leaves_and_stops_the_others(nodes, r
     manager, client = start_new_kernel(kernel_name=KERNEL, cwd=str(tmp_path), env=worker_env)
     try:
         client.execute_interactive("from common import mxnet_cluster\nmxnet_cluster.join('worker 0')", timeout=30)
-        msg_id = client.execute("import time\nwhile True: time.sleep(0.1)")  # a training loop
-        wait_until(lambda: watched(roles) == 3, "worker 0's kernel to join the watch")
+        # a training loop; an interrupt before the cell runs would find the kernel idle, which ignores it
+        msg_id = client.execute("import time\nopen('looping', 'w').close()\nwhile True: time.sleep(0.1)")
+        multinode.wait_until(lambda: watched(roles) == 3, "worker 0's kernel to join the watch")
+        multinode.wait_until((tmp_path / "looping").exists, "worker 0's training loop to start")
         manager.interrupt_kernel()
         reply, printed = reply_and_output(client, msg_id, timeout=30)
         assert reply["ename"] == "KeyboardInterrupt"
