@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime as dt
-import os
 import sys
 import time
 from pathlib import Path
@@ -76,10 +75,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import papermill  # imported late: `--help` and argument errors stay instant
-
-    # The kernels inherit this: TensorFlow's C++ INFO and WARNING lines would bury the progress lines below
-    # (common.tf_import quiets those it writes while it starts, which no setting reaches).
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     hardware = devices.resolve(None)
     counts = args.devices or device_counts(hardware)

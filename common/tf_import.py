@@ -1,4 +1,8 @@
-"""Import TensorFlow and Keras in this project: the one place that quiets TensorFlow's start-up notices.
+"""Import TensorFlow and Keras in this project: the one place that quiets TensorFlow's C++ notices.
+
+TensorFlow's C++ INFO and WARNING lines go to the process's standard error, which a notebook shows in red:
+``TF_CPP_MIN_LOG_LEVEL`` defaults to 2 here (errors only), as ``make run`` and the tests run the notebooks and as a
+person sees them in JupyterLab.
 
 While its C++ libraries load, before their logging is set up, TensorFlow writes notices straight to the process's
 standard error, where ``TF_CPP_MIN_LOG_LEVEL`` does not reach them: every run of a TensorFlow notebook on a machine
@@ -63,6 +67,8 @@ def kept_lines(text: str, gpu_present: bool) -> list[str]:
 
 
 if "tensorflow" not in sys.modules:
+    # for example the tf.data notices of every Keras fit; read once, when TensorFlow's libraries load
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with quiet_start_up(gpu_present=bool(devices.gpu_names())):
         import keras
         import tensorflow as tf

@@ -4,10 +4,12 @@ One place for the papermill call, the 1-and-2-device runs, the bad-input check a
 so every framework's notebook is held to the same bars.
 """
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 import papermill
@@ -38,28 +40,37 @@ def stderr_noise(notebook: Path) -> list[str]:
     return [line for out in streams if out.name == "stderr" for line in noise(out.text)]
 
 
+def without_pytest_marker() -> dict[str, str]:
+    """This process's environment for a kernel that behaves as a user's: ipykernel leaves what a kernel writes to file
+    descriptor 2 (C++ log lines) out of the notebook when it finds PYTEST_CURRENT_TEST, which every kernel started
+    from a test inherits; without it the executed notebook holds those lines, as JupyterLab shows them."""
+    return {name: value for name, value in os.environ.items() if name != "PYTEST_CURRENT_TEST"}
+
+
 def notebook_path(name: str) -> Path:
     return NOTEBOOK_DIR / f"{name}.ipynb"
 
 
 def execute(
-    name: str, data_dir, out_dir: Path, *, output: Path | None = None, prepare_only: bool = False, **parameters
+    name: str | Path, data_dir, out_dir: Path, *, output: Path | None = None, prepare_only: bool = False, **parameters
 ) -> Path:
-    """Run notebook ``name`` with papermill (or only fill in its parameters); records go to ``out_dir/results``.
+    """Run notebook ``name`` (or the notebook at that path) with papermill, in a kernel that behaves as a user's (or
+    only fill in its parameters); records go to ``out_dir/results``.
 
     Returns the executed copy, ``output`` or ``out_dir/executed-<DEVICES>.ipynb``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = output or out_dir / f"executed-{parameters.get('DEVICES')}.ipynb"
-    papermill.execute_notebook(
-        notebook_path(name),
-        executed,
-        prepare_only=prepare_only,
-        kernel_name=KERNEL,
-        cwd=NOTEBOOK_DIR,
-        progress_bar=False,
-        parameters={"DATA_DIR": str(data_dir), "RESULTS_DIR": str(out_dir / "results"), **parameters},
-    )
+    with mock.patch.dict(os.environ, without_pytest_marker(), clear=True):
+        papermill.execute_notebook(
+            name if isinstance(name, Path) else notebook_path(name),
+            executed,
+            prepare_only=prepare_only,
+            kernel_name=KERNEL,
+            cwd=NOTEBOOK_DIR,
+            progress_bar=False,
+            parameters={"DATA_DIR": str(data_dir), "RESULTS_DIR": str(out_dir / "results"), **parameters},
+        )
     return executed
 
 

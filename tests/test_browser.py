@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_harness import NOTEBOOK_DIR, PROGRESS_BAR, NotebookContract, execute, noise
+from notebook_harness import NOTEBOOK_DIR, PROGRESS_BAR, NotebookContract, execute, noise, without_pytest_marker
 
 from common.kernel import DISPLAY_NAME
 
@@ -138,7 +138,8 @@ def free_port() -> int:
 
 
 def lab_env(home: Path) -> dict[str, str]:
-    """Jupyter's folders under ``home``, so the user's config, settings and saved workspace stay out of the run."""
+    """Jupyter's folders under ``home``, so the user's config, settings and saved workspace stay out of the run; its
+    kernels show what they write to file descriptor 2, as a user's do."""
     folders = {
         "JUPYTER_CONFIG_DIR": home / "config",
         "JUPYTER_DATA_DIR": home / "data",
@@ -150,7 +151,7 @@ def lab_env(home: Path) -> dict[str, str]:
         path = folders["JUPYTERLAB_SETTINGS_DIR"] / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
-    return {**os.environ, **{name: str(folder) for name, folder in folders.items()}}
+    return {**without_pytest_marker(), **{name: str(folder) for name, folder in folders.items()}}
 
 
 @pytest.fixture(scope="module")
