@@ -125,7 +125,7 @@ def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, c
     interrupted = start_gluon_cluster(cluster, tmp_path / "interrupted", roles, notebook_data, EPOCHS=3)
     first = interrupted[2]
     multinode.wait_until(lambda: "epoch 1/3" in first.output, "worker's first epoch", NOTEBOOK_LAUNCH_TIMEOUT, first)
-    interrupted[2].process.send_signal(signal.SIGINT)
+    first.process.send_signal(signal.SIGINT)
     codes = cluster.wait(interrupted, timeout=30)
     assert all(code != 0 for code in codes.values()), f"a node finished a run whose worker 0 was interrupted: {codes}"
     assert "Stopped the MXNet cluster: worker " in interrupted[0].output
