@@ -150,7 +150,7 @@ def tensorflow_workers(tmp_path):
     """Worker 0 of two in a kernel, worker 1 a process, both in a loop of all-reduces: (kernel, client, its message
     id, worker 1's node)."""
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     loop = TF_WORKER + "while True:\n    step()\n"
     with Cluster(tmp_path / "logs") as nodes:
         other = nodes.start("worker 1", [sys.executable, "-c", loop], env={**env, "TF_CONFIG": tf_config(workers, 1)})
