@@ -1,63 +1,66 @@
-# `make run` and `make test` are all a fresh machine needs: both set up .venv on first use.
+# `make run` and `make test` are all a fresh machine needs: both build the environments on first use.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
-PY := $(VENV)/bin/python
-# GPU=1 forces the CUDA builds, GPU=0 the CPU ones; by default nvidia-smi decides.
-GPU ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1 || echo 0)
-STAMP := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
+# The framework environments to build, test, run and open (the tools environment always comes along):
+# make setup FRAMEWORKS="pytorch" on a workshop laptop that runs the PyTorch notebooks only.
+FRAMEWORKS ?= pytorch tensorflow mxnet-chainer
+# GPU=1 forces the CUDA builds, GPU=0 the CPU ones; by default nvidia-smi decides. DRIVER=535.104.05 plans for that
+# driver instead of the installed one (a Docker build sees none).
+GPU ?= auto
+TOOLS := .venvs/tools/bin/python
+export FRAMEWORKS
 
-.PHONY: setup run test lab lint prepare bench-loader bench-live readme workshop clean
+.PHONY: setup run test lab lint lock prepare bench-loader bench-live readme workshop clean
 
-setup: $(STAMP)
-
-# Re-runs only when a requirements file or pyproject.toml changed since the last install.
-$(STAMP): requirements.txt requirements-build.txt requirements-gpu.txt pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check pip==26.3
-	$(PY) -m pip install --build-constraint requirements-build.txt -r requirements.txt
-ifeq ($(GPU),1)
-	$(PY) -m pip uninstall --yes mxnet
-	$(PY) -m pip install -r requirements-gpu.txt
-endif
-	$(PY) -m pip install --no-deps --no-build-isolation -e .
-	$(PY) -m common.kernel
-	@rm -f $(VENV)/.installed-* && touch $@
+# Skips every environment whose lock has not changed since it was installed (envs/install.py).
+setup:
+	@$(PYTHON) envs/install.py --gpu $(GPU) $(if $(DRIVER),--driver $(DRIVER)) $(FRAMEWORKS)
 
 # DATA_DIR=/path/to/chestxray14 make run  uses the real data; extra options: RUN_ARGS="--devices 1 2 4"
 run: setup
-	$(PY) -m common.run $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") $(RUN_ARGS)
+	$(TOOLS) -m common.run $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") $(RUN_ARGS)
 
+# pytest once in each environment: the tools' run holds the framework-neutral tests and the notebooks (through each
+# environment's kernel), each framework's run its own tests/<framework>/ folder (tests/conftest.py).
 test: setup
-	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	@status=0; for env in tools $(FRAMEWORKS); do \
+		echo "== pytest in the $$env environment"; \
+		.venvs/$$env/bin/python -m pytest --durations=25 $(PYTEST_ARGS); code=$$?; \
+		if [ $$code -ne 0 ] && ! { [ $$code -eq 5 ] && [ -n "$(PYTEST_ARGS)" ]; }; then status=1; fi; \
+	done; exit $$status
 
 # Checks every image of DATA_DIR once and writes the copy every notebook trains from (IMAGE_SIZE=224 by default).
 prepare: setup
-	$(PY) -m common.prepare "$(or $(DATA_DIR),$(error set DATA_DIR=/path/to/chestxray14))" $(if $(IMAGE_SIZE),--image-size $(IMAGE_SIZE))
+	$(TOOLS) -m common.data prepare "$(or $(DATA_DIR),$(error set DATA_DIR=/path/to/chestxray14))" $(if $(IMAGE_SIZE),--image-size $(IMAGE_SIZE))
 
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks
+	@$(TOOLS) -m common.run --list
+	.venvs/tools/bin/jupyter lab notebooks
 
 lint: setup
-	$(VENV)/bin/ruff check common tests notebooks
-	$(VENV)/bin/ruff format --check common tests
-	$(PY) tests/notebook_repeats.py
+	$(TOOLS) -m ruff check common tests notebooks envs
+	$(TOOLS) -m ruff format --check common tests envs
+	$(TOOLS) tests/notebook_repeats.py
+
+# Writes envs/*/*.txt (every package pinned) and envs/*/environment.yml from envs/*/*.in.
+lock: setup
+	$(TOOLS) envs/lock.py
 
 # Prints the figures and writes them into README.md's bench-loader block.
 bench-loader: setup
-	$(PY) -m common.bench_loader --readme README.md $(BENCH_ARGS)
+	$(TOOLS) -m common.measure.bench_loader --readme README.md $(BENCH_ARGS)
 
 # Measures what the live device view costs the training it watches, in a real kernel, and writes it into README.md.
 bench-live: setup
-	$(PY) -m common.bench_live --readme README.md $(BENCH_ARGS)
+	$(TOOLS) -m common.measure.bench_live --readme README.md $(BENCH_ARGS)
 
 # Copies the table of the newest runs/<timestamp>/report.md (or RUN=...) into README.md.
 readme: setup
-	$(PY) -m common.report --readme README.md $(or $(RUN),$(patsubst %/,%,$(lastword $(sort $(dir $(wildcard runs/*/report.md))))))
+	$(TOOLS) -m common.measure.report --readme README.md $(or $(RUN),$(patsubst %/,%,$(lastword $(sort $(dir $(wildcard runs/*/report.md))))))
 
 # Writes docs/workshop.md with the times and figures of the newest make run (or RUN=...).
 workshop: setup
-	$(PY) -m common.workshop $(or $(RUN),$(patsubst %/,%,$(lastword $(sort $(dir $(wildcard runs/*/report.md))))))
+	$(TOOLS) -m common.teach.workshop $(or $(RUN),$(patsubst %/,%,$(lastword $(sort $(dir $(wildcard runs/*/report.md))))))
 
 clean:
-	rm -rf $(VENV) runs build .pytest_cache
+	rm -rf .venvs runs build .pytest_cache

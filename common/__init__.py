@@ -1,8 +1,9 @@
-"""Framework-neutral helpers shared by every notebook.
+"""The helpers every notebook imports, in folders by job and by framework:
 
-Importing ``common`` (or any of the modules listed here) never imports a
-deep-learning framework: framework-specific helpers live in their own modules
-(``common.torch_utils``, ...) and are imported only by the notebooks that need them.
+- ``data``, ``measure``, ``run``, ``teach``: framework-neutral, importable in every environment, and importing them
+  imports no deep-learning framework;
+- ``pytorch``, ``tensorflow`` (with Keras), ``mxnet``, ``chainer``: one framework each, importable only in that
+  framework's environment (``envs/``, ``make setup``).
 """
 
 from common.errors import InputError

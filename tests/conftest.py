@@ -1,14 +1,61 @@
-"""Shared fixtures: small generated stand-in data sets, made once for the whole session."""
+"""Which tests run where, and the shared fixtures: small generated stand-in data sets, made once per session.
 
+``make test`` runs pytest once in each environment (``.venvs/<name>``). A framework's folder (``tests/pytorch``,
+``tests/tensorflow``, ``tests/mxnet_chainer``) is collected where that framework imports; the tests in ``tests/``
+itself (framework-neutral units, and the notebooks through their kernels) where the tools are (papermill). A test
+that needs an environment's kernel or Python says so with ``@pytest.mark.environments("pytorch", ...)`` and is
+deselected, not skipped, when ``FRAMEWORKS`` (as in ``make test FRAMEWORKS="pytorch"``) leaves that environment out.
+"""
+
+import importlib.util
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
-# torchvision 0.29.1 crashes the process when it is imported after TensorFlow 2.21: imported first, any subset
-# of the test modules runs in one process, in any order.
-import torchvision  # noqa: F401, I001
+from common.data import synthetic
+from common.run.environments import ENVIRONMENTS
 
-from common import synthetic
+TESTS = Path(__file__).resolve().parent
+FOLDERS = {TESTS / name.replace("-", "_"): env for name, env in ENVIRONMENTS.items()}
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` is installed here; the folder ``tests/tensorflow`` is no TensorFlow (a namespace package)."""
+    spec = importlib.util.find_spec(module)
+    return spec is not None and spec.origin is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "environments(*names): needs these environments' kernels or Pythons (deselected without them)"
+    )
+
+
+def pytest_ignore_collect(collection_path, config):
+    path = Path(collection_path)
+    if path in FOLDERS:
+        return not importable(FOLDERS[path].modules[0])
+    if path.parent == TESTS and path.suffix == ".py":
+        return not importable("papermill")
+    return None
+
+
+def selected_environments() -> set[str]:
+    return set(os.environ.get("FRAMEWORKS", " ".join(ENVIRONMENTS)).split())
+
+
+def pytest_collection_modifyitems(config, items):
+    selected, kept, dropped = selected_environments(), [], []
+    for item in items:
+        needs = {name for marker in item.iter_markers("environments") for name in marker.args}
+        unknown = needs - set(ENVIRONMENTS)
+        assert not unknown, f"{item.nodeid}: no environment named {unknown}"
+        (kept if needs <= selected else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")

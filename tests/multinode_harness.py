@@ -2,7 +2,7 @@
 
 A notebook's training script is the source of its ``%%writefile`` cell, so the multi-node tests run exactly
 what a user copies to the hosts, without running the whole notebook first. What the ranks report comes back
-through :mod:`common.protocol`: the launched scripts' result (rank 0 gathers every rank's report), or the value
+through :mod:`common.run.protocol`: the launched scripts' result (rank 0 gathers every rank's report), or the value
 each notebook worker glued into its executed notebook.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 from notebook_harness import NOTEBOOK_DIR, notebook_path
 
-from common import chestxray, devices, params, protocol
-from common.kernel import NAME as KERNEL
+from common.data import chestxray
+from common.run import devices, params, protocol
 
 
 def write_script(notebook: str, name: str, folder: Path) -> Path:
@@ -57,7 +57,8 @@ def assert_ranks_agree(reports: list[dict], world_size: int, *, same_loss: bool 
 
 
 def papermill_command(notebook: str, output: Path, **parameters) -> list[str]:
-    """papermill on the command line, as a user starts a notebook on each host; cell outputs go to its log."""
-    command = [sys.executable, "-m", "papermill", str(notebook_path(notebook)), str(output), "-k", KERNEL]
+    """papermill on the command line, as a user starts a notebook on each host (in the kernel the notebook names); cell
+    outputs go to its log."""
+    command = [sys.executable, "-m", "papermill", str(notebook_path(notebook)), str(output)]
     command += ["--cwd", str(NOTEBOOK_DIR), "--log-output", "--no-progress-bar", "-y", json.dumps(parameters)]
     return command

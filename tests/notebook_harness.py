@@ -15,8 +15,8 @@ import nbformat
 import papermill
 import pytest
 
-from common import results
-from common.kernel import NAME as KERNEL
+from common.measure import results
+from common.run import environments
 
 NOTEBOOK_DIR = Path(__file__).parent.parent / "notebooks"
 # Three epochs on 800 generated 64-pixel images reach a mean test AUC of about 0.82-0.87 on 1 and on
@@ -51,11 +51,24 @@ def notebook_path(name: str) -> Path:
     return NOTEBOOK_DIR / f"{name}.ipynb"
 
 
+def marks(*notebooks: str) -> pytest.MarkDecorator:
+    """The mark of a test that runs these notebooks: it needs their environments' kernels."""
+    return pytest.mark.environments(*sorted({environments.for_notebook(name).name for name in notebooks}))
+
+
 def execute(
-    name: str | Path, data_dir, out_dir: Path, *, output: Path | None = None, prepare_only: bool = False, **parameters
+    name: str | Path,
+    data_dir,
+    out_dir: Path,
+    *,
+    output: Path | None = None,
+    prepare_only: bool = False,
+    kernel: str | None = None,
+    **parameters,
 ) -> Path:
     """Run notebook ``name`` (or the notebook at that path) with papermill, in a kernel that behaves as a user's (or
-    only fill in its parameters); records go to ``out_dir/results``.
+    only fill in its parameters); records go to ``out_dir/results``. The kernel is the one the notebook names (its
+    environment's), or ``kernel``.
 
     Returns the executed copy, ``output`` or ``out_dir/executed-<DEVICES>.ipynb``.
     """
@@ -66,7 +79,7 @@ def execute(
             name if isinstance(name, Path) else notebook_path(name),
             executed,
             prepare_only=prepare_only,
-            kernel_name=KERNEL,
+            kernel_name=kernel,
             cwd=NOTEBOOK_DIR,
             progress_bar=False,
             parameters={"DATA_DIR": str(data_dir), "RESULTS_DIR": str(out_dir / "results"), **parameters},
@@ -111,8 +124,7 @@ def assert_stops_before_training(name: str, data_dir, tmp_path: Path, parameters
 def run_nbval(name: str, data_dir, tmp_path: Path, records: int = 2, **parameters) -> None:
     """nbval --nbval-lax over the notebook prepared with ``parameters``; it must write ``records`` records."""
     prepared = execute(name, data_dir, tmp_path, output=tmp_path / f"{name}.ipynb", prepare_only=True, **parameters)
-    command = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-kernel-name", KERNEL]
-    command += ["-p", "no:cacheprovider", "-q", str(prepared)]
+    command = [sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q", str(prepared)]
     out = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(list((tmp_path / "results").glob("*.json"))) == records
@@ -143,6 +155,10 @@ class NotebookContract:
     NOTEBOOK: str
     FRAMEWORK: str
     TINY = dict(EPOCHS=3, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.pytestmark = [*getattr(cls, "pytestmark", []), marks(cls.NOTEBOOK)]
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -1,6 +1,6 @@
 """A complete results record for tests, with any field changed."""
 
-from common import results
+from common.measure import results
 
 
 def complete_record(**changes) -> dict:

@@ -13,8 +13,6 @@ from pathlib import Path
 import psutil
 from notebook_harness import NOTEBOOK_DIR, notebook_path
 
-from common.kernel import NAME as KERNEL
-
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and everything it started (children are listed first: they would be orphaned)."""
@@ -52,8 +50,6 @@ def run_until_killed(
         "papermill",
         str(notebook_path(name)),
         str(out / "killed.ipynb"),
-        "-k",
-        KERNEL,
         "--cwd",
         str(NOTEBOOK_DIR),
         "-y",

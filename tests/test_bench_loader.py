@@ -1,8 +1,12 @@
-"""common.bench_loader: one table of every framework's input pipeline, from the prepared copy and from PNGs."""
+"""common.measure.bench_loader: one table of every framework's input pipeline, from the prepared copy and from PNGs,
+each timed in its own environment."""
 
-from common import bench_loader
+import pytest
+
+from common.measure import bench_loader
 
 
+@pytest.mark.environments("pytorch", "tensorflow", "mxnet-chainer")
 def test_the_table_gives_a_rate_for_every_framework_and_path(tmp_path, capsys):
     args = ["--images", "8", "--size", "64", "--crop", "32", "--batch", "4", "--repeats", "1", "--root", str(tmp_path)]
     figures = bench_loader.main(args)

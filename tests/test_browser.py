@@ -1,6 +1,6 @@
 """What a person sees: `make lab`'s JupyterLab in a real headless Chromium.
 
-Every notebook opens with the project's kernel and renders its headings; PyTorch_MultiGPU, on a tiny CPU demo, runs
+Every notebook opens with its environment's kernel and renders its headings; PyTorch_MultiGPU, on a tiny CPU demo, runs
 to the end through the Run menu with no error output, progress bars that update in place and its plots shown. The
 screenshot of the finished notebook goes to test-results/browser/. Needs Debian's chromium package and playwright.
 """
@@ -20,9 +20,17 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_harness import NOTEBOOK_DIR, PROGRESS_BAR, NotebookContract, execute, noise, without_pytest_marker
+from notebook_harness import (
+    NOTEBOOK_DIR,
+    PROGRESS_BAR,
+    NotebookContract,
+    execute,
+    marks,
+    noise,
+    without_pytest_marker,
+)
 
-from common.kernel import DISPLAY_NAME
+from common.run import environments
 
 ROOT = Path(__file__).parent.parent
 SCREENSHOTS = ROOT / "test-results" / "browser"
@@ -167,11 +175,15 @@ def lab(tmp_path_factory):
         server.stop()
 
 
+def kernel_display_name(notebook: str) -> str:
+    return environments.for_notebook(notebook.removesuffix(".ipynb").removesuffix("-tiny")).display_name
+
+
 def open_notebook(browser, lab: Lab, name: str):
     """A new page showing notebook ``name`` once its kernel is up; ``reset`` starts from an empty workspace."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
-    page.locator("#jp-main-statusbar").get_by_text(f"{DISPLAY_NAME} | Idle").wait_for(timeout=120_000)
+    page.locator("#jp-main-statusbar").get_by_text(f"{kernel_display_name(name)} | Idle").wait_for(timeout=120_000)
     # The file browser would take a quarter of the screenshot's width.
     page.keyboard.press("Control+b")
     return page
@@ -195,11 +207,14 @@ def rendered_headings(page, level: int = 2) -> list[str]:
     return [text.strip() for text in page.locator(f".jp-MarkdownCell .jp-RenderedMarkdown h{level}").all_inner_texts()]
 
 
-@pytest.mark.parametrize("notebook", sorted(path.name for path in NOTEBOOK_DIR.glob("*.ipynb")))
-def test_notebook_opens_with_the_project_kernel_and_its_headings(browser, lab, notebook):
+@pytest.mark.parametrize(
+    "notebook", [pytest.param(path.name, marks=marks(path.stem)) for path in sorted(NOTEBOOK_DIR.glob("*.ipynb"))]
+)
+def test_notebook_opens_with_its_environments_kernel_and_its_headings(browser, lab, notebook):
     page = open_notebook(browser, lab, notebook)
     try:
-        assert page.locator(".jp-NotebookPanel-toolbar .jp-KernelName").inner_text().strip() == DISPLAY_NAME
+        kernel_name = page.locator(".jp-NotebookPanel-toolbar .jp-KernelName").inner_text().strip()
+        assert kernel_name == kernel_display_name(notebook)
         assert rendered_headings(page) == markdown_headings(lab.root / notebook)
         # opening it changed nothing (a notebook saved without the kernel's whole language_info is marked modified)
         assert page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0
@@ -300,10 +315,12 @@ def finished(browser, lab, notebook_data):
         page.close()
 
 
+@marks("PyTorch_MultiGPU")
 def test_run_shows_no_error_or_warning(finished):
     assert not stderr_beyond_progress(finished)
 
 
+@marks("PyTorch_MultiGPU")
 def test_training_progress_updates_in_place(finished):
     texts = ["".join(out["text"] for out in cell["outputs"]) for cell in finished]
     text = next((text for text in texts if re.search(r"^epoch 1\b", text, re.MULTILINE)), None)
@@ -312,6 +329,7 @@ def test_training_progress_updates_in_place(finished):
     assert len(lines) <= MAX_TRAIN_LINES, f"{len(lines)} lines of progress:\n" + "\n".join(lines[:40])
 
 
+@marks("PyTorch_MultiGPU")
 def test_plots_are_displayed(finished):
     plots = [cell["source"].splitlines()[0] for cell in finished if any(out["images"] for out in cell["outputs"])]
     # The training curves and, in Record, the utilization over the run.

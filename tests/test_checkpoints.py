@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from common import checkpoints
 from common.errors import InputError
+from common.run import checkpoints
 
 SETTINGS = {"EPOCHS": 3, "DEVICES": 2, "IMAGE_SIZE": (64, 64)}
 

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from common import chestxray
+from common.data import chestxray
 from common.errors import InputError
-from common.params import FINDINGS
+from common.run.params import FINDINGS
 
 
 def names(split):

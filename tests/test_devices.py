@@ -1,16 +1,22 @@
 import pytest
 
-from common import devices
 from common.errors import InputError
+from common.run import devices
 
 
 class FakeNVML:
     """The few pynvml calls gpu_names makes, for a machine with the given GPUs."""
 
-    def __init__(self, names=(), init_error=None, memory_gib=80.0):
-        self.names, self.memory_gib = list(names), memory_gib
+    def __init__(self, names=(), init_error=None, memory_gib=80.0, capability=(9, 0), driver="580.95.05"):
+        self.names, self.memory_gib, self.capability, self.driver = list(names), memory_gib, capability, driver
         self.init_error = init_error
         self.shut_down = False
+
+    def nvmlSystemGetDriverVersion(self):
+        return self.driver
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return self.capability
 
     def nvmlInit(self):
         if self.init_error:
@@ -125,10 +131,43 @@ def test_threads_per_device_share_the_cores_at_least_one_each(count, cores, expe
     assert devices.threads_per_device(count, cores) == expected
 
 
-def test_gpus_report_their_memory_and_resolve_keeps_the_smallest():
-    assert devices.gpus(FakeNVML(["H200"], memory_gib=139.8)) == [("H200", pytest.approx(139.8))]
-    assert devices.resolve(2, gpus=["g0", "g1"], memory_gib=40.0).memory_gib == 40.0
-    assert devices.resolve(None, gpus=[], cores=2).memory_gib is None
+def test_gpus_report_their_memory_and_compute_capability_and_resolve_keeps_the_smallest():
+    (gpu,) = devices.gpus(FakeNVML(["H200"], memory_gib=139.8))
+    assert gpu.name == "H200" and gpu.memory_gib == pytest.approx(139.8) and gpu.compute_capability == (9, 0)
+    gpus = devices.resolve(2, gpus=["g0", "g1"], memory_gib=40.0, compute_capability=(8, 0))
+    assert gpus.memory_gib == 40.0 and gpus.compute_capability == (8, 0)
+    cpus = devices.resolve(None, gpus=[], cores=2)
+    assert cpus.memory_gib is None and cpus.compute_capability is None
+
+
+def test_driver_version_comes_from_nvml_and_is_none_without_a_driver():
+    assert devices.driver_version(FakeNVML(["H100"], driver="535.104.05")) == "535.104.05"
+    assert devices.driver_version(FakeNVML(init_error=RuntimeError("NVML Shared Library Not Found"))) is None
+
+
+# --- GPUs that a framework cannot use -----------------------------------------------
+
+
+def test_gpus_a_framework_cannot_use_stop_the_run_naming_driver_build_and_fix(monkeypatch):
+    """torch built for CUDA 13 under a 535 driver: torch.cuda.is_available() is False while NVML lists the GPUs."""
+    monkeypatch.setattr(devices, "driver_version", lambda: "535.104.05")
+    hardware = devices.resolve(None, gpus=["NVIDIA A100-SXM4-80GB"] * 4, memory_gib=80.0)
+    with pytest.raises(InputError) as error:
+        devices.require_usable(hardware, "torch 2.14.1+cu130", 0, "13.0")
+    message = str(error.value)
+    for needed in ("4 GPU(s)", "NVIDIA A100-SXM4-80GB", "driver 535.104.05", "torch 2.14.1+cu130",
+                   "built for CUDA 13.0, which needs NVIDIA driver 580.65.06 or newer", "make setup",
+                   "CUDA_VISIBLE_DEVICES="):  # fmt: skip
+        assert needed in message
+
+
+def test_a_build_without_cuda_is_named_and_enough_usable_gpus_pass(monkeypatch):
+    monkeypatch.setattr(devices, "driver_version", lambda: "580.95.05")
+    hardware = devices.resolve(2, gpus=["L40S", "L40S"], memory_gib=45.0)
+    with pytest.raises(InputError, match=r"TensorFlow 2\.21\.0 \(a build without CUDA\) can use 0 of the 2"):
+        devices.require_usable(hardware, "TensorFlow 2.21.0", 0, None)
+    devices.require_usable(hardware, "TensorFlow 2.21.0", 2, "12.5")  # usable: nothing to say
+    devices.require_usable(devices.resolve(2, gpus=[], cores=4), "TensorFlow 2.21.0", 0, None)  # simulated devices
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,10 @@
-"""common.diagnosis: one verdict per run from its own records, on records built for each verdict."""
+"""common.measure.diagnosis: one verdict per run from its own records, on records built for each verdict."""
 
 import pytest
 from records import complete_record
 
-from common import diagnosis as dg
-from common import results
+from common.measure import diagnosis as dg
+from common.measure import results
 
 
 def phases(train=80.0, *outside: tuple[str, float]) -> list[dict]:

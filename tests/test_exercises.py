@@ -1,11 +1,12 @@
-"""common.exercises: the answer cells' tables, on records written as the notebooks write them."""
+"""common.teach.exercises: the answer cells' tables, on records written as the notebooks write them."""
 
 import math
 
 import pytest
 from records import complete_record
 
-from common import exercises, results
+from common.measure import results
+from common.teach import exercises
 
 
 def phases(train: float, outside: float) -> list[dict]:

@@ -4,11 +4,12 @@ Without GPUs only DDP can run; the DataParallel ways must be refused when asked 
 """
 
 import pytest
-from notebook_harness import AUC_BAR, BAD_INPUT, assert_stops_before_training, check_training_record, run_nbval
+from notebook_harness import AUC_BAR, BAD_INPUT, assert_stops_before_training, check_training_record, marks, run_nbval
 
-from common import results
+from common.measure import results
 
 NOTEBOOK = "PyTorch_MultiGPU-Exp-Loss"
+pytestmark = marks(NOTEBOOK)
 TINY = dict(DEVICES=2, EPOCHS=3, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
 
 

@@ -5,12 +5,16 @@ other notebook tests.
 """
 
 import pytest
-from notebook_harness import AUC_BAR, execute, run_nbval
+from notebook_harness import AUC_BAR, execute, marks, run_nbval
 
-from common import devices, params, results
+from common.measure import results
+from common.run import devices, params
 
 HARDWARE = devices.resolve(None)
-pytestmark = pytest.mark.skipif(HARDWARE.kind != "gpu", reason="needs an NVIDIA GPU: NVML lists none here")
+pytestmark = [
+    marks("PyTorch_MultiGPU", "PyTorch_MultiGPU-Exp-Loss"),
+    pytest.mark.skipif(HARDWARE.kind != "gpu", reason="needs an NVIDIA GPU: NVML lists none here"),
+]
 # the CPU tests' tiny run, on the GPU path: bf16 autocast, cuDNN, NCCL, pinned memory, evaluation padded to full batches
 TINY = dict(EPOCHS=3, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=5, PRECISION="mixed")
 

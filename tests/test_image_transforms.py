@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from common import chestxray, image_transforms
+from common.data import chestxray, image_transforms
 from common.errors import InputError
-from common.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD
+from common.run.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD
 
 
 def test_crop_box_keeps_the_area_share_the_aspect_ratio_and_the_image():

@@ -1,9 +1,11 @@
 """Keras_Speedups, executed once under nbval on the CPU; then its records are checked."""
 
 import pytest
-from notebook_harness import records_by_variant
+from notebook_harness import marks, records_by_variant
 
-from common import results
+from common.measure import results
+
+pytestmark = marks("Keras_Speedups")
 
 NOTEBOOK = "Keras_Speedups"
 # One batch in the sweep (the baseline's: its step is traced already), one map thread beside AUTOTUNE: on a CPU each

@@ -3,14 +3,13 @@ notebooks use: every launched process ends within seconds, the rendezvous port i
 stopped, and the same launch then runs again in the same kernel.
 
 The TensorFlow and MXNet notebooks train inside the kernel, so what they leave after an interrupt on one machine is the
-kernel's state, which common.cell_order guards. Their multi-machine workers are started by hand, one per host: the
+kernel's state, which common.run.cell_order guards. Their multi-machine workers are started by hand, one per host: the
 stop button in one worker's kernel must stop the other workers, which would otherwise wait for it forever (TensorFlow
 here, MXNet in tests/test_mxnet_cluster.py).
 """
 
 import os
 import socket
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -20,10 +19,9 @@ import pytest
 from cluster import Cluster, free_port, free_ports, wait_until
 from jupyter_client.manager import start_new_kernel
 
-from common import chainer_utils as cu
-from common import torch_utils as tu
-from common.kernel import NAME as KERNEL
-from common.tf_utils import tf_config
+from common.run.environments import ENVIRONMENTS
+from common.run.launch import tf_config
+from envs import python_of
 
 WORKER = """
 import os, pathlib, sys, time
@@ -31,10 +29,23 @@ pathlib.Path(sys.argv[1], str(os.getpid())).touch()
 print("worker up", flush=True)
 time.sleep(float(sys.argv[2]))
 """
-LAUNCHERS = ("torchrun", "mpiexec")
+# launcher: its environment, and the code that builds its command of two workers in that environment's kernel, as a
+# notebook does; torchrun meets at a fixed port, as on several machines, so that the test can see that port freed
+LAUNCHERS = {
+    "torchrun": (
+        "pytorch",
+        "from common.pytorch import utils as tu\n"
+        "command = tu.torchrun_multinode_command({script!r}, 1, 2, '127.0.0.1:{port}', 'interrupt', *{rest!r})",
+    ),
+    "mpiexec": (
+        "mxnet-chainer",
+        "from common.chainer import utils as cu\ncommand = cu.mpiexec_command({script!r}, 2, *{rest!r})",
+    ),
+}
+LAUNCHER_PARAMS = [pytest.param(name, marks=pytest.mark.environments(env)) for name, (env, _) in LAUNCHERS.items()]
 # A MultiWorkerMirroredStrategy worker in a loop of all-reduces, as the TensorFlow notebook's training loop
 TF_WORKER = """
-from common import tf_utils as tfu
+from common.tensorflow import utils as tfu
 
 tf = tfu.tf
 strategy = tfu.make_strategy("multi_worker", [], "cpu")
@@ -51,17 +62,11 @@ print("training", flush=True)
 """
 
 
-def command(launcher: str, script, port: int, *rest) -> list[str]:
-    """Two workers as a notebook launches them; torchrun meets at a fixed port, as on several machines, so that the
-    test can see that port freed."""
-    if launcher == "torchrun":
-        return tu.torchrun_multinode_command(script, 1, 2, f"127.0.0.1:{port}", "interrupt", *rest)
-    return cu.mpiexec_command(script, 2, *rest)
-
-
 @pytest.fixture
-def kernel(tmp_path):
-    manager, client = start_new_kernel(kernel_name=KERNEL, cwd=str(tmp_path))
+def kernel(tmp_path, launcher):
+    """A kernel of the launcher's environment."""
+    environment, _ = LAUNCHERS[launcher]
+    manager, client = start_new_kernel(kernel_name=ENVIRONMENTS[environment].kernel, cwd=str(tmp_path))
     try:
         yield manager, client
     finally:
@@ -69,8 +74,12 @@ def kernel(tmp_path):
         manager.shutdown_kernel(now=True)
 
 
-def start_launch(client, command: list[str]) -> str:
-    return client.execute(f"from common import launch\nlaunch.run({command!r})")
+def start_launch(client, launcher: str, script, port: int, *rest) -> str:
+    """Build the command of two workers in the kernel, as a notebook does, and run it."""
+    _, build = LAUNCHERS[launcher]
+    rest = [str(item) for item in rest]
+    code = build.format(script=str(script), port=port, rest=rest)
+    return client.execute(f"{code}\nfrom common.run import launch\nlaunch.run(command)")
 
 
 def reply_and_output(client, msg_id: str, timeout: float) -> tuple[dict, str]:
@@ -111,12 +120,12 @@ def launch_two_workers(kernel, folder, launcher: str) -> tuple[str, Path, int, l
     script, port = folder / "worker.py", free_port()
     script.write_text(textwrap.dedent(WORKER))
     (folder / "up").mkdir()
-    msg_id = start_launch(client, command(launcher, script, port, folder / "up", 120))
+    msg_id = start_launch(client, launcher, script, port, folder / "up", 120)
     wait_until(lambda: len(list((folder / "up").iterdir())) == 2, "both workers to start")
     return msg_id, script, port, launched(manager)
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", LAUNCHER_PARAMS)
 def test_stop_button_ends_the_launch_says_so_and_the_launch_runs_again(kernel, tmp_path, launcher):
     manager, client = kernel
     msg_id, script, port, processes = launch_two_workers(kernel, tmp_path, launcher)
@@ -130,13 +139,13 @@ def test_stop_button_ends_the_launch_says_so_and_the_launch_runs_again(kernel, t
     assert_port_free(port)
 
     (tmp_path / "again").mkdir()
-    msg_id = start_launch(client, command(launcher, script, port, tmp_path / "again", 0))
+    msg_id = start_launch(client, launcher, script, port, tmp_path / "again", 0)
     reply, printed = reply_and_output(client, msg_id, timeout=120)
     assert reply["status"] == "ok", printed[-2000:]
     assert printed.count("worker up") == 2
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", LAUNCHER_PARAMS)
 def test_a_kernel_restart_ends_the_launch(kernel, tmp_path, launcher):
     manager, _ = kernel
     _, _, port, processes = launch_two_workers(kernel, tmp_path, launcher)
@@ -153,9 +162,12 @@ def tensorflow_workers(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     loop = TF_WORKER + "while True:\n    step()\n"
     with Cluster(tmp_path / "logs") as nodes:
-        other = nodes.start("worker 1", [sys.executable, "-c", loop], env={**env, "TF_CONFIG": tf_config(workers, 1)})
+        worker = [python_of("tensorflow"), "-c", loop]
+        other = nodes.start("worker 1", worker, env={**env, "TF_CONFIG": tf_config(workers, 1)})
         manager, client = start_new_kernel(
-            kernel_name=KERNEL, cwd=str(tmp_path), env={**env, "TF_CONFIG": tf_config(workers, 0)}
+            kernel_name=ENVIRONMENTS["tensorflow"].kernel,
+            cwd=str(tmp_path),
+            env={**env, "TF_CONFIG": tf_config(workers, 0)},
         )
         try:
             msg_id = client.execute(loop)
@@ -166,6 +178,7 @@ def tensorflow_workers(tmp_path):
             manager.shutdown_kernel(now=True)
 
 
+@pytest.mark.environments("tensorflow")
 def test_stop_button_in_a_tensorflow_worker_stops_the_other_workers(tensorflow_workers):
     manager, client, msg_id, other = tensorflow_workers
     manager.interrupt_kernel()
@@ -176,6 +189,7 @@ def test_stop_button_in_a_tensorflow_worker_stops_the_other_workers(tensorflow_w
     assert "CancelledError" in other.output and "worker 0 was interrupted (the stop button)" in other.output
 
 
+@pytest.mark.environments("tensorflow")
 def test_a_tensorflow_worker_whose_kernel_restarts_stops_the_other_workers(tensorflow_workers):
     manager, _, _, other = tensorflow_workers
     manager.restart_kernel(now=True)  # the kernel is killed: TensorFlow's own heartbeats tell the other worker

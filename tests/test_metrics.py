@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from common import metrics
-from common.params import FINDINGS
+from common.measure import metrics
+from common.run.params import FINDINGS
 
 
 @pytest.fixture

@@ -5,10 +5,12 @@ wrote are what the other tests assert on.
 """
 
 import pytest
-from notebook_harness import AUC_BAR, assert_stops_before_training, check_training_record, run_nbval
+from notebook_harness import AUC_BAR, assert_stops_before_training, check_training_record, marks, run_nbval
 
-from common import model_parallel as parallel
-from common import results
+from common.measure import results
+from common.pytorch import model_parallel as parallel
+
+pytestmark = marks("PyTorch_ModelParallel")
 
 NOTEBOOK = "PyTorch_ModelParallel"
 # Small but real: 64-px images, so a stage's work outweighs the per-step overheads the bubble would

@@ -10,7 +10,7 @@ import pandas as pd  # noqa: E402
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
-from common import monitor, plots  # noqa: E402
+from common.measure import monitor, plots  # noqa: E402
 
 
 class FakeNVML:
@@ -214,15 +214,3 @@ def test_a_monitor_shows_a_live_view_only_when_asked_or_in_a_notebook(monkeypatc
         time.sleep(0.3)
     (view,) = views
     assert view.kind == "cpu" and view.samples >= 2 and set(view.summary) == {"cpu"}
-
-
-def test_the_live_views_cost_is_its_speed_against_each_other_way():
-    from common import bench_live
-
-    rates = pd.DataFrame({"no monitor": [100.0, 90.0, 110.0], "monitor": [99.0, 95.0, 98.0],
-                          "monitor with live view": [96.0, 97.0, 95.0]})  # fmt: skip
-    table = bench_live.summary(rates)
-    assert table["images/s (median)"].tolist() == [100.0, 98.0, 96.0]
-    assert table.loc["no monitor", "live view's cost"] == pytest.approx(0.04)
-    assert table.loc["monitor", "live view's cost"] == pytest.approx(1 - 96 / 98)
-    assert pd.isna(table.loc["monitor with live view", "live view's cost"])

@@ -16,10 +16,9 @@ import cluster as multinode
 import pytest
 from multinode_harness import assert_ranks_agree, papermill_command, write_config, write_script
 
-from common import chainer_utils as cu
-from common import protocol
-from common import torch_utils as tu
-from common.tf_utils import tf_config
+from common.run import protocol
+from common.run.launch import tf_config
+from envs import call, python_of
 
 # Tiny runs: the point is the launch and the agreement of the workers, not what the model learns.
 TINY = dict(EPOCHS=1, IMAGE_SIZE=32, BATCH_SIZE_PER_DEVICE=8, MAX_IMAGES=240, BENCH_STEPS=1)
@@ -40,14 +39,18 @@ def cluster(tmp_path):
         yield started
 
 
+@pytest.mark.environments("pytorch")
 def test_pytorch_torchrun_two_nodes(notebook_data, tmp_path, cluster):
     script = write_script("PyTorch_MultiGPU", "train_ddp.py", tmp_path)
     endpoint = f"127.0.0.1:{multinode.free_port()}"
     nodes = []
     for node in (0, 1):  # each "host" has its own work folder, as two machines have their own disks
         config = write_config(tmp_path / f"host{node}", notebook_data, 2, TINY)
-        command = tu.torchrun_multinode_command(script, 2, 1, endpoint, "multinode-test", config)
-        nodes.append(cluster.start(f"torchrun node {node}", command, env=tu.launch_env(2)))
+        command = call("pytorch", "common.pytorch.utils.torchrun_multinode_command", script, 2, 1, endpoint,
+                       "multinode-test", config)  # fmt: skip
+        nodes.append(
+            cluster.start(f"torchrun node {node}", command, env=call("pytorch", "common.pytorch.utils.launch_env", 2))
+        )
     cluster.check(nodes, LAUNCH_TIMEOUT)
 
     written = [node for node in (0, 1) if (tmp_path / f"host{node}" / "train.json").exists()]
@@ -57,12 +60,15 @@ def test_pytorch_torchrun_two_nodes(notebook_data, tmp_path, cluster):
     assert result["history"]["train_loss"][-1] == result["ranks"][0]["train_loss"] and len(result["scores"])
 
 
+@pytest.mark.environments("mxnet-chainer")
 def test_chainermn_mpiexec_two_hosts(notebook_data, tmp_path, cluster):
     script = write_script("Chainer_MultiGPU", "train_chainermn.py", tmp_path)
     config = write_config(tmp_path, notebook_data, 2, TINY, precision_used="fp32")
     # two host names for this machine: Hydra starts local processes for both, as it would over ssh for real hosts
-    command = cu.mpiexec_hosts_command(script, ["127.0.0.1", "localhost"], 1, config)
-    launcher = cluster.start("mpiexec -hosts 127.0.0.1:1,localhost:1", command, env=cu.launch_env(2))
+    build = "common.chainer.utils.mpiexec_hosts_command"
+    command = call("mxnet-chainer", build, script, ["127.0.0.1", "localhost"], 1, config)
+    env = call("mxnet-chainer", "common.chainer.utils.launch_env", 2)
+    launcher = cluster.start("mpiexec -hosts 127.0.0.1:1,localhost:1", command, env=env)
     cluster.check([launcher], LAUNCH_TIMEOUT)
 
     result = protocol.read_result(tmp_path, "train")  # one work folder: rank 0 alone writes it
@@ -70,6 +76,7 @@ def test_chainermn_mpiexec_two_hosts(notebook_data, tmp_path, cluster):
     assert result["history"]["train_loss"][-1] == result["ranks"][0]["train_loss"] and len(result["scores"])
 
 
+@pytest.mark.environments("tensorflow")
 def test_tensorflow_two_workers_with_tf_config(notebook_data, tmp_path, cluster):
     # TensorFlow runs in the workers only, each a notebook, as on two hosts
     workers = [f"127.0.0.1:{port}" for port in multinode.free_ports(2)]
@@ -79,7 +86,7 @@ def test_tensorflow_two_workers_with_tf_config(notebook_data, tmp_path, cluster)
         command = papermill_command(
             "Tensorflow_MultiGPU", tmp_path / f"worker{index}.ipynb", STRATEGY="multi_worker", DEVICES=1, **parameters
         )
-        env = {"TF_CONFIG": tf_config(workers, index)}  # common.tf_import quiets the C++ notices
+        env = {"TF_CONFIG": tf_config(workers, index)}  # common.tensorflow.imports quiets the C++ notices
         nodes.append(cluster.start(f"TensorFlow worker {index} (papermill)", command, env=env, core=index))
     cluster.check(nodes, NOTEBOOK_LAUNCH_TIMEOUT)
 
@@ -95,7 +102,7 @@ def test_tensorflow_two_workers_with_tf_config(notebook_data, tmp_path, cluster)
 
 def start_gluon_cluster(cluster, folder: Path, roles: dict, data_dir, **settings) -> list[multinode.Node]:
     """A scheduler and a server (on host1 in a real run) and two workers, each a notebook, as on two hosts."""
-    node = [sys.executable, "-m", "common.mxnet_cluster"]
+    node = [python_of("mxnet-chainer"), "-m", "common.mxnet.cluster"]
     folder.mkdir()
     server = {**roles, "DMLC_ROLE": "server", "OMP_NUM_THREADS": "1"}
     started = [
@@ -113,6 +120,7 @@ def start_gluon_cluster(cluster, folder: Path, roles: dict, data_dir, **settings
     return started
 
 
+@pytest.mark.environments("mxnet-chainer")
 def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, cluster):
     roles = {
         "DMLC_PS_ROOT_URI": "127.0.0.1",
@@ -120,7 +128,7 @@ def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, c
         "DMLC_NUM_SERVER": "1",
         "DMLC_NUM_WORKER": "2",
     }
-    # Ctrl-C on one worker in its first epoch: the scheduler's watch (common.mxnet_cluster) stops every other node
+    # Ctrl-C on one worker in its first epoch: the scheduler's watch (common.mxnet.cluster) stops every other node
     # (MXNet numbers the workers in the order they join, so its rank is unknown here)
     interrupted = start_gluon_cluster(cluster, tmp_path / "interrupted", roles, notebook_data, EPOCHS=3)
     first = interrupted[2]
@@ -147,14 +155,15 @@ def test_gluon_dist_sync_scheduler_server_two_workers(notebook_data, tmp_path, c
     assert records["generated"]["test_auc"] == reports[0]["test_auc"]
 
 
+@pytest.mark.environments("tensorflow")
 def test_keras_fit_under_multi_worker_fails_as_documented(tmp_path, cluster):
     """The Keras notebook refuses STRATEGY="multi_worker" because model.fit fails there: hold that to the truth."""
-    script = Path(__file__).with_name("keras_multi_worker_fit.py")
+    script = Path(__file__).parent / "tensorflow" / "keras_multi_worker_fit.py"
     workers = [f"127.0.0.1:{port}" for port in multinode.free_ports(2)]
     workers = [
         cluster.start(
             f"Keras worker {index}",
-            [sys.executable, str(script)],
+            [python_of("tensorflow"), str(script)],
             env={"TF_CONFIG": tf_config(workers, index), "TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1"},
         )
         for index in (0, 1)

@@ -1,7 +1,7 @@
-"""The watch of an MXNet parameter-server cluster (common.mxnet_cluster): a node that leaves before the end stops every
+"""The watch of an MXNet parameter-server cluster (common.mxnet.cluster): a node that leaves before the end stops every
 other node within seconds, each with one line that says why, and frees the ports; a normal end stops nobody.
 
-The scheduler and the server are MXNet's own, started as the notebook prints them (``python -m common.mxnet_cluster``).
+The scheduler and the server are MXNet's own, started as the notebook prints them (``python -m common.mxnet.cluster``).
 The workers here only join the watch, without training: MXNet itself then waits for them, as it waits for a worker that
 is gone. tests/test_multinode.py interrupts a real worker of a real cluster.
 """
@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 
@@ -20,13 +19,15 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from test_kernel_interrupts import reply_and_output
 
-from common.kernel import NAME as KERNEL
+from common.run.environments import ENVIRONMENTS
+from envs import python_of
 
-NODE = [sys.executable, "-m", "common.mxnet_cluster"]
+pytestmark = pytest.mark.environments("mxnet-chainer")
+KERNEL = ENVIRONMENTS["mxnet-chainer"].kernel
 WORKER = textwrap.dedent(
     """
     import sys, time
-    from common import mxnet_cluster
+    from common.mxnet import cluster as mxnet_cluster
     mxnet_cluster.join(sys.argv[1])
     print("joined", flush=True)
     if sys.argv[2:] == ["done"]:
@@ -62,17 +63,22 @@ def watched(roles) -> int:
     return sum(c.laddr.port == port and c.status == "ESTABLISHED" for c in psutil.net_connections("tcp"))
 
 
+def node() -> list[str]:
+    """A scheduler or server, in the MXNet environment."""
+    return [python_of("mxnet-chainer"), "-m", "common.mxnet.cluster"]
+
+
 def start_cluster(nodes, roles) -> tuple[multinode.Node, multinode.Node]:
     """A scheduler with its watch and a server that joined it."""
-    scheduler = nodes.start("scheduler", NODE, env={**roles, "DMLC_ROLE": "scheduler"})
-    server = nodes.start("server", NODE, env={**roles, "DMLC_ROLE": "server"})
+    scheduler = nodes.start("scheduler", node(), env={**roles, "DMLC_ROLE": "scheduler"})
+    server = nodes.start("server", node(), env={**roles, "DMLC_ROLE": "server"})
     multinode.wait_until(lambda: watched(roles) == 1, "the server to join the watch")
     return scheduler, server
 
 
 def start_worker(nodes, roles, index: int, *args: str) -> multinode.Node:
     name = f"worker {index}"
-    worker = nodes.start(name, [sys.executable, "-c", WORKER, name, *args], env=roles)
+    worker = nodes.start(name, [python_of("mxnet-chainer"), "-c", WORKER, name, *args], env=roles)
     multinode.wait_until(lambda: "joined" in worker.output, f"{name} to join", node=worker)
     return worker
 
@@ -124,7 +130,7 @@ def test_the_stop_button_in_a_worker_kernel_leaves_and_stops_the_others(nodes, r
     worker_env = {**os.environ, **roles, "DMLC_ROLE": "worker"}
     manager, client = start_new_kernel(kernel_name=KERNEL, cwd=str(tmp_path), env=worker_env)
     try:
-        client.execute_interactive("from common import mxnet_cluster\nmxnet_cluster.join('worker 0')", timeout=30)
+        client.execute_interactive("from common.mxnet import cluster\ncluster.join('worker 0')", timeout=30)
         # a training loop; an interrupt before the cell runs would find the kernel idle, which ignores it
         msg_id = client.execute("import time\nopen('looping', 'w').close()\nwhile True: time.sleep(0.1)")
         multinode.wait_until(lambda: watched(roles) == 3, "worker 0's kernel to join the watch")
@@ -140,7 +146,7 @@ def test_the_stop_button_in_a_worker_kernel_leaves_and_stops_the_others(nodes, r
         assert_ports_free(roles)
 
         # the kernel lives on, and refuses to join a cluster a second time (MXNet cannot) rather than wait forever
-        reply = client.execute_interactive("from common import gluon_utils\ngluon_utils.create_kvstore('dist_sync')")
+        reply = client.execute_interactive("from common.mxnet import utils as gu\ngu.create_kvstore('dist_sync')")
         assert reply["content"]["ename"] == "InputError"
     finally:
         client.stop_channels()
@@ -149,5 +155,5 @@ def test_the_stop_button_in_a_worker_kernel_leaves_and_stops_the_others(nodes, r
 
 def test_a_scheduler_or_server_command_with_another_role_says_what_it_runs():
     env = {**os.environ, "DMLC_ROLE": "worker"}
-    result = subprocess.run(NODE, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(node(), env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "this command runs a scheduler or a server" in result.stderr

@@ -10,5 +10,5 @@ def test_what_a_kernel_writes_to_file_descriptor_2_reaches_the_notebook(tmp_path
     source = "import os, time\nos.write(2, b'W0000 a C++ log line\\n')\ntime.sleep(0.5)  # the kernel forwards it"
     python = {"language_info": {"name": "python"}}
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)], metadata=python), notebook)
-    executed = execute(notebook, tmp_path / "data", tmp_path / "run", DEVICES=1)
+    executed = execute(notebook, tmp_path / "data", tmp_path / "run", kernel="python3", DEVICES=1)
     assert stderr_noise(executed) == ["W0000 a C++ log line"]

@@ -1,7 +1,7 @@
 import pytest
 
-from common import devices, params
 from common.errors import InputError
+from common.run import devices, params
 
 
 def test_global_batch_grows_with_devices():

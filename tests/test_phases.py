@@ -1,11 +1,11 @@
-"""common.phases: where a run's time goes, on one clock for the notebook and the processes it launches."""
+"""common.measure.phases: where a run's time goes, on one clock for the notebook and the processes it launches."""
 
 import time
 
 import pytest
 
-from common import phases as run_phases
-from common.phases import BatchWait, Phases
+from common.measure import phases as run_phases
+from common.measure.phases import BatchWait, Phases
 
 
 def test_phases_are_timed_summed_per_name_and_the_rest_of_the_span_shown():

@@ -1,4 +1,4 @@
-"""common.prepare: the data set checked and shrunk once, trusted after a cheap check, never half-written."""
+"""common.data.prepare: the data set checked and shrunk once, trusted after a cheap check, never half-written."""
 
 import json
 import multiprocessing
@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
-from common import chestxray, prepare
+from common.data import chestxray, prepare
+from common.data.image_io import open_gray
 from common.errors import InputError
-from common.image_io import open_gray
 
 SIZE = 24
 

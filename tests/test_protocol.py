@@ -1,4 +1,4 @@
-"""common.protocol: one config in, one result out, and the ranks' reports, the same for every launched script."""
+"""common.run.protocol: one config in, one result out, and the ranks' reports, the same for every launched script."""
 
 import json
 
@@ -6,8 +6,8 @@ import nbformat
 import numpy as np
 import pytest
 
-from common import devices, params, protocol
-from common.checkpoints import Checkpoint
+from common.run import devices, params, protocol
+from common.run.checkpoints import Checkpoint
 
 
 def launch(tmp_path, **extra):

@@ -6,8 +6,10 @@ import pandas as pd
 import pytest
 from records import complete_record
 
-from common import devices, report, results, run
 from common.errors import InputError
+from common.measure import report, results
+from common.run import devices
+from common.run import headless as run
 
 
 def record(notebook="PyTorch_MultiGPU", devices=1, data="generated", rate=100.0, auc=0.8, **extra):
@@ -64,8 +66,8 @@ def test_build_writes_markdown_and_plots(results_dir, tmp_path):
     assert len(rows) == 2 and "75%" in rows[1] and "0.830" in rows[1]
     assert (tmp_path / "out" / "throughput.png").stat().st_size > 0
     assert (tmp_path / "out" / "utilization-PyTorch_MultiGPU-2dev.png").stat().st_size > 0
-    diagnosed = text.split("## What held each run back")[1]  # one verdict per run, from common.diagnosis
-    assert diagnosed.count("\n| PyTorch_MultiGPU |") == 2 and "common.diagnosis" in diagnosed
+    diagnosed = text.split("## What held each run back")[1]  # one verdict per run, from common.measure.diagnosis
+    assert diagnosed.count("\n| PyTorch_MultiGPU |") == 2 and "common.measure.diagnosis" in diagnosed
 
 
 def test_the_report_compares_where_each_runs_time_went(results_dir, tmp_path):

@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 from records import complete_record
 
-from common import devices, metrics, params, protocol, results
 from common.errors import InputError
-from common.phases import Phases
+from common.measure import metrics, results
+from common.measure.phases import Phases
+from common.run import devices, params, protocol
 
 
 def test_new_record_fills_run_id_commit_and_timestamp():

@@ -2,10 +2,11 @@
 
 import nbformat
 import pytest
-from notebook_harness import assert_stops_before_training, execute
+from notebook_harness import assert_stops_before_training, execute, marks
 from resume_harness import run_until_killed
 
-from common import checkpoints, results
+from common.measure import results
+from common.run import checkpoints
 
 # two epochs: the run is killed in the second, and the resumed run trains only that one
 TINY = dict(EPOCHS=2, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
@@ -25,7 +26,7 @@ def outputs(executed) -> str:
     return "".join(output.get("text", "") for cell in cells for output in cell.get("outputs", []))
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=marks(name)) for name in NOTEBOOKS])
 def test_resumes_after_sigkill_in_the_middle_of_epoch_2(name, notebook_data, tmp_path):
     devices, state, progress = NOTEBOOKS[name]
     saved, parameters = tmp_path / "checkpoints", {**TINY, "DEVICES": devices}
@@ -47,8 +48,10 @@ def test_resumes_after_sigkill_in_the_middle_of_epoch_2(name, notebook_data, tmp
     assert "Resuming after epoch 1" in log and progress.format(1) not in log and progress.format(2) in log
 
 
+@marks("PyTorch_MultiGPU")
 def test_a_checkpoint_folder_of_another_run_is_refused_before_training(notebook_data, tmp_path):
-    """The refusal is common.checkpoints.start's, unit-tested there; this shows a notebook asks it before training."""
+    """The refusal is common.run.checkpoints.start's, unit-tested there; this shows a notebook asks it before
+    training."""
     saved = tmp_path / "checkpoints"
     saved.mkdir()
     checkpoints.save(saved, 1, ".pt", lambda path: path.write_bytes(b"state"), {"DEVICES": 1}, {})

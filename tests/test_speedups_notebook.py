@@ -1,9 +1,11 @@
 """PyTorch_Speedups, executed once under nbval on 2 simulated CPU devices; then its records are checked."""
 
 import pytest
-from notebook_harness import records_by_variant
+from notebook_harness import marks, records_by_variant
 
-from common import results
+from common.measure import results
+
+pytestmark = marks("PyTorch_Speedups")
 
 NOTEBOOK = "PyTorch_Speedups"
 TINY = dict(DEVICES=2, IMAGE_SIZE=32, BATCH_SIZE_PER_DEVICE=8, BENCH_STEPS=2, MAX_IMAGES=200, BATCH_SIZES=[4, 8],

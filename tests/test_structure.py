@@ -7,8 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from common.kernel import NAME as KERNEL
-from common.run import COMPARES_PLACEMENTS
+from common.run import environments
+from common.run.headless import COMPARES_PLACEMENTS
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 HEADINGS = [
@@ -81,15 +81,19 @@ def test_data_parallel_notebooks_checkpoint_and_resume(path):
     assert CHECKPOINTING <= parameter_names(nbformat.read(path, as_version=4))
 
 
-def test_project_kernel(notebook):
-    assert notebook.metadata.kernelspec.name == KERNEL
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
+def test_kernel_of_its_environment(path):
+    """Each notebook runs in its framework's environment, through that environment's kernel."""
+    notebook, env = nbformat.read(path, as_version=4), environments.for_notebook(path.stem)
+    assert notebook.metadata.kernelspec.name == env.kernel
+    assert notebook.metadata.kernelspec.display_name == env.display_name
     # the whole of what the kernel reports, so that JupyterLab does not mark a notebook modified as it opens it
     assert set(notebook.metadata.language_info) >= {"codemirror_mode", "file_extension", "mimetype", "name", "version"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
 def test_cells_are_checked_for_their_order_and_the_training_loop_runs_once(path):
-    """The setup cell watches the cell order (common.cell_order); a training loop that goes on from its own state
+    """The setup cell watches the cell order (common.run.cell_order); a training loop that goes on from its own state
     (every notebook but the speed-up toolboxes, which only time steps) is tagged to run once per model."""
     cells = nbformat.read(path, as_version=4).cells
     setup = next(cell for cell in cells if cell.cell_type == "code")
@@ -120,7 +124,7 @@ def exercises_section(notebook) -> list:
 
 def test_exercises_with_hidden_answers(notebook):
     """3 to 5 numbered exercises, each saying what to predict, change and look at, then one collapsed answer cell that
-    compares this notebook's runs through common.exercises and names only parameters the notebook has."""
+    compares this notebook's runs through common.teach.exercises and names only parameters the notebook has."""
     section = exercises_section(notebook)
     titles = [cell.source.splitlines()[0] for cell in section if cell.cell_type == "markdown"]
     numbers = [int(re.fullmatch(r"### Exercise (\d+): .+", title).group(1)) for title in titles]

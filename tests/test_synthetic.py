@@ -10,8 +10,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from common import chestxray, metrics, synthetic
-from common.params import FINDINGS
+from common.data import chestxray, synthetic
+from common.measure import metrics
+from common.run.params import FINDINGS
 
 NIH_HEADER = (
     "Image Index,Finding Labels,Follow-up #,Patient ID,Patient Age,Patient Gender,View Position,"

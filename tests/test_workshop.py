@@ -4,7 +4,8 @@ import json
 
 from records import complete_record
 
-from common import results, workshop
+from common.measure import results
+from common.teach import workshop
 
 
 def executed(folder, name: str, devices: int, seconds: float) -> None:

@@ -12,10 +12,12 @@
 # images/s and the peak memory of every GPU, then where each run's time went (the phases of its record).
 # What it does not check: accuracy (two epochs from scratch), multi-node launches, or speed against any threshold.
 #
-# The Python: .venv where `make setup GPU=1` made one; otherwise this machine's python3, which needs torch and
-# torchvision, and finds papermill, the Jupyter kernel, pytest and nbval in the wheels of tests/gpu/fetch-wheels.sh
-# (fetched where the network is, in .gpu-wheels/ of this checkout). On such a machine the notebooks of frameworks that
-# are not installed (TensorFlow, MXNet, Chainer) are skipped, each with a line that says so.
+# The Pythons: the environments of `make setup GPU=1` (.venvs/: the tools run the notebooks, each in its own
+# environment's kernel); otherwise this machine's python3, which needs torch and torchvision, and finds papermill, the
+# Jupyter kernel, pytest and nbval in the wheels of tests/gpu/fetch-wheels.sh (fetched where the network is, in
+# .gpu-wheels/ of this checkout): it becomes the kernel of every environment whose framework it can import. The
+# notebooks of an environment that is not there (TensorFlow, MXNet, Chainer on such a machine) are skipped, each with a
+# line that says so, and so is Gluon on GPUs of compute capability 9.0 or newer, for which MXNet has no kernels.
 # Without a GPU the script says so and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,8 +27,8 @@ if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     exit 0
 fi
 
-if [ -x .venv/bin/python ]; then
-    PY=.venv/bin/python
+if [ -x .venvs/tools/bin/python ]; then
+    PY=.venvs/tools/bin/python
 else
     PY=python3
     scratch=$(mktemp -d)
@@ -35,25 +37,29 @@ else
         export PATH="$scratch/site/bin:$PATH" PYTHONPATH="$scratch/site"
     fi
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    "$PY" -m common.kernel --prefix "$scratch/jupyter" >/dev/null
+    for environment_module in pytorch:torch tensorflow:tensorflow mxnet-chainer:mxnet; do
+        if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('${environment_module#*:}') is None)"
+        then
+            "$PY" -m common.run.kernel --environment "${environment_module%%:*}" --prefix "$scratch/jupyter" >/dev/null
+        fi
+    done
     export JUPYTER_PATH="$scratch/jupyter/share/jupyter"
 fi
 export MPLBACKEND=Agg PYTHONUNBUFFERED=1
-echo "python: $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
+echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])') ($PY)"
 
-notebooks=(PyTorch_MultiGPU PyTorch_MultiGPU-Exp-Loss PyTorch_ModelParallel)
-for notebook_module in Tensorflow_MultiGPU:tensorflow Keras_TF_MultiGPU:keras Gluon_MultiGPU:mxnet \
-    Chainer_MultiGPU:chainer; do
-    notebook=${notebook_module%%:*} module=${notebook_module#*:}
-    if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)"; then
-        notebooks+=("$notebook")
-    else
-        echo "$notebook: skipped, $module is not installed for $PY"
-    fi
-done
+# the notebooks whose environment's kernel is here (the others are named by common.run), but Gluon on Hopper and newer
+capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | sort -n | head -1)
+notebooks=(PyTorch_MultiGPU PyTorch_MultiGPU-Exp-Loss PyTorch_ModelParallel Tensorflow_MultiGPU Keras_TF_MultiGPU
+    Chainer_MultiGPU)
+if [ "${capability%%.*}" -ge 9 ]; then
+    echo "Gluon_MultiGPU: skipped, MXNet has no kernels for compute capability $capability (its wheels stop at sm_86)"
+else
+    notebooks+=(Gluon_MultiGPU)
+fi
 
 out="runs/gpu-check-$(date +%Y%m%d-%H%M%S)"
-data=$("$PY" -c "from common import synthetic; print(synthetic.ensure(n_images=1200, image_size=256))")
+data=$("$PY" -c "from common.data import synthetic; print(synthetic.ensure(n_images=1200, image_size=256))")
 status=0
 timeout --kill-after 20 480 "$PY" -m common.run --data-dir "$data" --out "$out" --notebooks "${notebooks[@]}" \
     -p EPOCHS 2 -p IMAGE_SIZE 224 -p MAX_IMAGES 1200 -p BENCH_STEPS 20 -p PRECISION mixed || status=$?
@@ -66,7 +72,7 @@ import sys
 
 import pandas as pd
 
-from common import report, results
+from common.measure import report, results
 
 records = results.load_all(f"{sys.argv[1]}/results")
 rows = []
@@ -80,7 +86,7 @@ if rows:
     print(pd.DataFrame(rows).sort_values(["notebook", "devices", "data"]).to_string(index=False), "\n")
     print("seconds per phase:")
     print(report.phase_table(records).round(1).to_string(), "\n")
-    from common import phases
+    from common.measure import phases
 
     for (notebook, devices), record in report.newest_runs(records).items():
         print(f"{notebook} on {devices} device(s): {phases.outside_steps(record['phases']):.1f} s"
@@ -90,9 +96,11 @@ PY
 
 if [ "${1:-}" = "--tests" ]; then
     # the PyTorch part of the suite: the PyTorch notebooks under papermill and nbval, and what they are built from
-    timeout --kill-after 20 1500 "$PY" -m pytest -p no:cacheprovider -q --durations=10 \
-        tests/test_gpu_notebooks.py \
-        tests/test_torch_utils.py tests/test_torch_training.py tests/test_protocol.py tests/test_phases.py \
-        tests/test_params.py tests/test_devices.py tests/test_results.py tests/test_structure.py || status=$?
+    TORCH_PY=$([ -x .venvs/pytorch/bin/python ] && echo .venvs/pytorch/bin/python || echo "$PY")
+    timeout --kill-after 20 900 "$PY" -m pytest -p no:cacheprovider -q --durations=10 tests/test_gpu_notebooks.py \
+        tests/test_protocol.py tests/test_phases.py tests/test_params.py tests/test_devices.py tests/test_results.py \
+        tests/test_structure.py || status=$?
+    timeout --kill-after 20 600 "$TORCH_PY" -m pytest -p no:cacheprovider -q --durations=10 \
+        tests/pytorch/test_torch_utils.py tests/pytorch/test_torch_training.py || status=$?
 fi
 exit "$status"

@@ -1,0 +1,3 @@
+from common.run.headless import main
+
+main()

@@ -1,0 +1,117 @@
+"""Run a multi-process launcher from a notebook: stream its log into the cell, fail the cell if it fails."""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+
+import psutil
+
+
+def tf_config(workers: list[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` in a cluster of ``workers`` (``host:port`` each, the same list everywhere).
+
+    TensorFlow's ``MultiWorkerMirroredStrategy`` reads it from the environment. Every worker gets the same cluster and
+    its own index; worker 0 is the chief, which writes the results.
+    """
+    return json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
+
+
+class LaunchError(RuntimeError):
+    """A launched training command exited with an error (any rank failing fails the launch)."""
+
+
+def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_lines: int = 30) -> tuple[float, float]:
+    """Run ``command``, echo its output as it arrives, raise :class:`LaunchError` on a non-zero exit.
+
+    Returns when it started and when it had exited (Unix seconds), for
+    :meth:`common.measure.phases.Phases.add_launched`.
+
+    Output is copied in raw chunks rather than lines, so progress bars that
+    redraw with carriage returns stay on one line in Jupyter. Interrupting the
+    cell stops the whole process group, workers included.
+    """
+    started = time.time()
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=_end_with_the_kernel,
+    )
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    tail: deque[str] = deque(maxlen=tail_lines)
+    partial = ""
+    try:
+        while chunk := os.read(process.stdout.fileno(), 65536):
+            text = decoder.decode(chunk)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            lines = (partial + text).split("\n")
+            partial = lines.pop()
+            tail.extend(lines)
+        code = process.wait()
+    except BaseException as error:
+        stopped = _stop(process)
+        if isinstance(error, KeyboardInterrupt):  # the stop button: say what it ended, the traceback does not
+            print(f"\nInterrupted: stopped {name(command)} and the {stopped} process(es) it started.")
+        raise
+    finally:
+        process.stdout.close()
+    if code != 0:
+        tail.append(partial)
+        raise LaunchError(
+            f"{name(command)} {' '.join(command[3:5] if command[1:2] == ['-m'] else command[1:3])} ... exited with "
+            f"code {code}; "
+            f"its last lines:\n" + "\n".join(line for line in tail if line.strip())
+        )
+    return started, time.time()
+
+
+def name(command: list[str]) -> str:
+    """What a person calls the launcher: ``torchrun`` for ``python -m torch.distributed.run``, else the program."""
+    if len(command) > 2 and command[1] == "-m":
+        return {"torch.distributed.run": "torchrun"}.get(command[2], command[2])
+    return os.path.basename(command[0])
+
+
+def _end_with_the_kernel() -> None:
+    """In the launcher, before it starts: SIGTERM when the process that launched it dies. A restarted kernel is killed
+    and runs no cleanup, and the launcher's own session would let it outlive the kernel (its workers usually end once
+    their output's reader is gone, not always: 2 of 13 tries here left them running); torchrun and mpiexec end their
+    workers on SIGTERM. Linux only (``prctl``)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
+# Looked up here, not in the forked child: the child of a process with threads (the device monitor's) should run as
+# little as it can before it starts the launcher.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def _stop(process: subprocess.Popen) -> int:
+    """End the launcher's whole process group (SIGTERM, then SIGKILL after 15 s); returns how many processes it had
+    started."""
+    try:
+        started = len(psutil.Process(process.pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        started = 0
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+    return started

@@ -1,0 +1,203 @@
+"""Shared defaults and the scaling rule, identical for every framework.
+
+Defaults describe a full run on a GPU box. On a machine without a GPU,
+:func:`defaults` shrinks them to a demo that finishes in minutes, so a laptop
+in a workshop can run every notebook end to end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from common.errors import InputError
+
+FINDINGS = (
+    "Atelectasis",
+    "Cardiomegaly",
+    "Effusion",
+    "Infiltration",
+    "Mass",
+    "Nodule",
+    "Pneumonia",
+    "Pneumothorax",
+    "Consolidation",
+    "Edema",
+    "Emphysema",
+    "Fibrosis",
+    "Pleural_Thickening",
+    "Hernia",
+)
+NUM_CLASSES = len(FINDINGS)
+
+# ImageNet statistics: grayscale X-rays are fed as three equal channels so
+# that ImageNet-pretrained weights (PRETRAINED=True) see familiar inputs.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# RandomResizedCrop keeps at least this share of the image: a finding at the
+# edge of the lung field should not be cropped away half of the time.
+CROP_SCALE = (0.7, 1.0)
+
+# DenseNet-121 downsamples by 32: smaller inputs vanish before the classifier.
+MIN_IMAGE_SIZE = 32
+
+# torchvision's BatchNorm keeps 90% of its running statistics per step (PyTorch's momentum=0.1, Keras' and
+# Gluon's momentum=0.9, Chainer's decay=0.9); Keras' DenseNet keeps 99%, which after a short run still mostly
+# remembers its initial values and evaluates badly. The same model in every framework means the same statistics.
+BATCH_NORM_MOMENTUM = 0.9
+
+# Before testing, every notebook re-estimates the BatchNorm statistics from this many training batches
+# with the final weights ("precise BN"): in a short run at a high learning rate the running averages
+# lag behind the weights, and evaluation with them varies from run to run far more than the model does.
+BATCH_NORM_BATCHES = 16
+
+# Adam's rate for a global batch of REFERENCE_BATCH images; it grows linearly with the global batch (the 2018
+# benchmark's rule: each device keeps its batch, so more devices take proportionally larger steps). In every
+# notebook it is the peak of a cosine decay to 0 over the run: a short run at a high rate that ends at that rate
+# ends wherever its last noisy steps left it, and 1 and 2 devices would then differ by chance.
+REFERENCE_BATCH = 64
+BASE_LEARNING_RATE = 1e-4
+
+# Per-device batches a GPU default chooses from, largest first: the largest whose estimated training memory
+# (ESTIMATED_GIB_PER_IMAGE at 224 px, from DenseNet-121's measured peak on an H200: 8.0 GiB at batch 64 in
+# fp32, 16.1 GiB at batch 256 with bf16 autocast) fills at most half the smallest GPU's memory, leaving room for
+# a framework's own overhead. The H200 steps at about 1,070 images/s at batch 64 and 2,860 at batch 256 (bf16):
+# a batch too small for the device leaves most of it idle. 256 is enough to reach 0.93 of batch 512's speed.
+GPU_BATCHES = (256, 128, 64, 32, 16)
+ESTIMATED_GIB_PER_IMAGE = {"fp32": 0.125, "mixed": 0.063}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    EPOCHS: int
+    BATCH_SIZE_PER_DEVICE: int
+    IMAGE_SIZE: int
+    MAX_IMAGES: int | None
+    BENCH_STEPS: int
+    LEARNING_RATE: float  # for a global batch of REFERENCE_BATCH images
+
+
+GPU_DEFAULTS = Defaults(
+    EPOCHS=5,
+    BATCH_SIZE_PER_DEVICE=64,  # without a known memory size; see gpu_batch_size
+    IMAGE_SIZE=224,
+    MAX_IMAGES=None,
+    BENCH_STEPS=50,
+    LEARNING_RATE=BASE_LEARNING_RATE,
+)
+CPU_DEFAULTS = Defaults(
+    EPOCHS=3,
+    BATCH_SIZE_PER_DEVICE=16,
+    IMAGE_SIZE=64,
+    MAX_IMAGES=800,
+    BENCH_STEPS=10,
+    # A short demo from scratch needs a larger step to learn in three epochs: 1e-3 for one device's 16 images.
+    LEARNING_RATE=4e-3,
+)
+
+
+def defaults(device_kind: str) -> Defaults:
+    """The defaults for ``"gpu"`` or ``"cpu"``."""
+    if device_kind not in ("gpu", "cpu"):
+        raise InputError(f"device kind must be 'gpu' or 'cpu', not {device_kind!r}")
+    return GPU_DEFAULTS if device_kind == "gpu" else CPU_DEFAULTS
+
+
+def prepared_size(image_size: int) -> int:
+    """The side the data set is prepared at for training at ``image_size`` (:mod:`common.data.prepare`): 8/7 of it, as
+    256 is for 224, so the random crops still have pixels to choose from."""
+    return round(image_size * 8 / 7)
+
+
+def gpu_batch_size(memory_gib: float, precision: str = "fp32", image_size: int = 224) -> int:
+    """The largest of ``GPU_BATCHES`` whose estimated training memory fills at most half of ``memory_gib``."""
+    per_image = ESTIMATED_GIB_PER_IMAGE[precision] * (image_size / 224) ** 2
+    return next((batch for batch in GPU_BATCHES if batch * per_image <= memory_gib / 2), GPU_BATCHES[-1])
+
+
+def fill(hardware, **given) -> dict:
+    """Replace each ``None`` among the notebook parameters by its default for ``hardware`` (a
+    :class:`common.run.devices.Devices`, or just its kind, ``"gpu"`` or ``"cpu"``).
+
+    Returns the resolved parameters (with the defaults that are not notebook
+    parameters, such as the learning rate, included), refuses values that
+    cannot train (``PRECISION`` among them), and prints which defaults applied,
+    so a CPU user sees that the run is a shrunken demo and not the benchmark.
+    On GPUs whose memory is known (the smallest of them), the default
+    per-device batch is the one that fits it (:func:`gpu_batch_size`).
+    """
+    device_kind, memory_gib = getattr(hardware, "kind", hardware), getattr(hardware, "memory_gib", None)
+    precision = check_precision(given.get("PRECISION", "fp32"))
+    base = asdict(defaults(device_kind))
+    if device_kind == "gpu" and memory_gib:
+        size = given.get("IMAGE_SIZE") or base["IMAGE_SIZE"]
+        base["BATCH_SIZE_PER_DEVICE"] = gpu_batch_size(memory_gib, precision, size)
+    resolved = {**base, **{name: value for name, value in given.items() if value is not None or name not in base}}
+    for name in ("EPOCHS", "BATCH_SIZE_PER_DEVICE", "IMAGE_SIZE", "BENCH_STEPS", "MAX_IMAGES"):
+        check_positive_int(name, resolved.get(name), allow_none=name == "MAX_IMAGES")
+    if resolved["IMAGE_SIZE"] < MIN_IMAGE_SIZE:
+        raise InputError(
+            f"IMAGE_SIZE={resolved['IMAGE_SIZE']} is too small: DenseNet-121 halves the image five times, "
+            f"so set IMAGE_SIZE to {MIN_IMAGE_SIZE} or more."
+        )
+    resolved["PRECISION"] = precision
+    # PREPARED (True unless given): train from the prepared copy of the data set at this size; False decodes the PNGs
+    resolved["PREPARED_SIZE"] = prepared_size(resolved["IMAGE_SIZE"]) if given.get("PREPARED", True) else None
+    filled = sorted(name for name, value in given.items() if value is None and base.get(name) is not None)
+    if filled:
+        note = " (a CPU demo: small images, a subset of the data)" if device_kind == "cpu" else ""
+        print(f"Defaults for {device_kind}{note}: " + ", ".join(f"{n}={resolved[n]}" for n in filled))
+    return resolved
+
+
+# The filled-in parameters that shape training: a checkpoint written with other values is another run.
+SHAPING = ("EPOCHS", "BATCH_SIZE_PER_DEVICE", "IMAGE_SIZE", "MAX_IMAGES", "PRECISION", "PREPARED_SIZE")
+
+
+def settings(cfg: dict, **given) -> dict:
+    """The run's settings as checkpoints compare them: the notebook's own parameters ``given`` (DATA_DIR, DEVICES,
+    SEED, a strategy ...) and the filled-in values of ``SHAPING``."""
+    return {**given, **{name: cfg[name] for name in SHAPING}}
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be a positive integer, got {value!r}: set {name} to 1 or more.")
+
+
+def global_batch(batch_size_per_device: int, devices: int) -> int:
+    """The scaling rule: every device keeps its batch, the global batch grows."""
+    check_positive_int("BATCH_SIZE_PER_DEVICE", batch_size_per_device)
+    check_positive_int("DEVICES", devices)
+    return batch_size_per_device * devices
+
+
+def per_device_batch(global_batch_size: int, devices: int) -> int:
+    """Split a fixed global batch evenly (strong scaling); refuse uneven splits."""
+    check_positive_int("global batch", global_batch_size)
+    check_positive_int("DEVICES", devices)
+    if global_batch_size % devices:
+        raise InputError(
+            f"The global batch of {global_batch_size} does not divide evenly over {devices} devices: "
+            f"choose a global batch that is a multiple of {devices} "
+            f"(for example {global_batch_size - global_batch_size % devices or devices})."
+        )
+    return global_batch_size // devices
+
+
+def learning_rate(cfg: dict, global_batch_size: int) -> float:
+    """Linear scaling: the rate of ``cfg`` (``LEARNING_RATE``, for REFERENCE_BATCH images) times the global batch
+    over REFERENCE_BATCH, so more devices, or larger batches per device, take proportionally larger steps."""
+    rate = cfg["LEARNING_RATE"]
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+        raise InputError(f"LEARNING_RATE must be positive, got {rate!r}.")
+    check_positive_int("global batch", global_batch_size)
+    return rate * global_batch_size / REFERENCE_BATCH
+
+
+def check_precision(precision: str) -> str:
+    if precision not in ("fp32", "mixed"):
+        raise InputError(f"PRECISION must be 'fp32' or 'mixed', got {precision!r}.")
+    return precision

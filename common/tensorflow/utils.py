@@ -1,0 +1,456 @@
+"""TensorFlow pieces shared by the TensorFlow (custom loop) and Keras (``model.fit``) notebooks.
+
+Imported only by those notebooks (``import common`` does not import TensorFlow).
+:func:`configure_devices` must run before anything else touches TensorFlow's devices:
+TensorFlow fixes its logical devices and thread pools when its runtime first starts.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from common.errors import InputError
+from common.measure.phases import timed_steps
+from common.run import checkpoints, kernel, protocol
+from common.run import devices as common_devices
+from common.run.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+from common.tensorflow.imports import keras, quiet_first_graph_notices, tf
+
+STRATEGIES = ("mirrored", "central_storage", "multi_worker")
+
+
+def check_strategy(name: str) -> str:
+    if name not in STRATEGIES:
+        raise InputError(f"STRATEGY must be one of {', '.join(map(repr, STRATEGIES))}, got {name!r}.")
+    return name
+
+
+def check_keras_strategy(name: str) -> str:
+    """``model.fit`` works under every strategy here but ``multi_worker``: say so before any training."""
+    if check_strategy(name) == "multi_worker":
+        raise InputError(
+            "STRATEGY='multi_worker' does not work with Keras 3 model.fit today (it fails with \"Attempt to convert "
+            "a value (PerReplica...)\", keras-team/keras#20585): use 'mirrored' on one machine, or the custom "
+            "training loop of Tensorflow_MultiGPU.ipynb for several machines."
+        )
+    return name
+
+
+def require_usable_gpus(hardware: common_devices.Devices) -> None:
+    """Stop, naming the fix, when NVML lists GPUs that this TensorFlow cannot use (a CUDA build the driver cannot
+    run, tensorflow-cpu, or CUDA libraries it cannot load); listing them does not start TensorFlow's runtime."""
+    usable = len(tf.config.list_physical_devices("GPU"))
+    build = tf.sysconfig.get_build_info().get("cuda_version")
+    common_devices.require_usable(hardware, f"TensorFlow {tf.__version__}", usable, build)
+
+
+def configure_devices(hardware: common_devices.Devices, strategy: str = "mirrored") -> list[str]:
+    """Make ``hardware`` what TensorFlow sees; return the device names a strategy should use.
+
+    GPUs: only the first ``hardware.count`` are visible, each with memory growth so TensorFlow does
+    not reserve all memory up front. CPU: the physical CPU is split into ``hardware.count`` logical
+    devices, so ``MirroredStrategy`` runs its real multi-replica path.
+    """
+    check_strategy(strategy)
+    if strategy == "multi_worker" and hardware.kind == "cpu" and hardware.count > 1:
+        raise InputError(
+            f"DEVICES={hardware.count} with STRATEGY='multi_worker' on a CPU: a worker uses one CPU device, so "
+            f"start {hardware.count} workers with TF_CONFIG (one process each, DEVICES=1), or use "
+            f"STRATEGY='mirrored' for {hardware.count} devices in this process."
+        )
+    if hardware.kind == "gpu":
+        require_usable_gpus(hardware)
+    try:
+        if hardware.kind == "gpu":
+            gpus = tf.config.list_physical_devices("GPU")[: hardware.count]
+            tf.config.set_visible_devices(gpus, "GPU")
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            return [f"/gpu:{i}" for i in range(len(gpus))]
+        # The same SEED gives the same run on a CPU, as in the PyTorch notebook; GPUs keep their fastest kernels.
+        tf.config.experimental.enable_op_determinism()
+        # Replicas share one intra-op pool of the process's cores, and the inter-op pool lets them
+        # run at once: each replica's ops get a device's share of the cores.
+        tf.config.threading.set_intra_op_parallelism_threads(common_devices.threads_per_device(hardware.count))
+        tf.config.threading.set_inter_op_parallelism_threads(hardware.count)
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * hardware.count)
+    except RuntimeError as error:
+        raise InputError(
+            f"TensorFlow has already started its runtime in this process ({error}): restart the kernel and run "
+            "the notebook from the top, so the devices are configured before anything else uses TensorFlow."
+        ) from None
+    return [f"/cpu:{i}" for i in range(hardware.count)]
+
+
+def make_strategy(name: str, device_names: list[str], kind: str) -> tf.distribute.Strategy:
+    """The ``tf.distribute`` strategy called ``name`` over ``device_names``.
+
+    ``mirrored``: a copy of the variables on every device, gradients all-reduced (NCCL on GPUs).
+    ``central_storage``: variables on one device (the CPU, or the only GPU), computation replicated.
+    ``multi_worker``: mirrored across processes or machines described by ``TF_CONFIG``; without it,
+    this process is the only worker (its GPUs, or one CPU device).
+    """
+    check_strategy(name)
+    if name == "mirrored":
+        # NCCL only exists between GPUs; logical CPU devices reduce through one device
+        cross_device = tf.distribute.ReductionToOneDevice() if kind == "cpu" else None
+        strategy = tf.distribute.MirroredStrategy(device_names, cross_device_ops=cross_device)
+    elif name == "central_storage":
+        strategy = tf.distribute.experimental.CentralStorageStrategy(device_names, parameter_device="/cpu:0")
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        workers = strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])
+        if len(workers) > 1:
+            task = strategy.cluster_resolver.task_id
+            kernel.on_interrupt(lambda: stop_other_workers(f"worker {task}"))
+    quiet_first_graph_notices()
+    return strategy
+
+
+def stop_other_workers(name: str) -> None:
+    """The stop button ended a cell of this worker's kernel, which lives on: the other workers would wait for it in
+    their next all-reduce forever. TensorFlow's coordination service aborts their collectives with this message. (A
+    worker whose process ends is noticed without help: the others stop on its missing heartbeats.)"""
+    # no public API for it: MultiWorkerMirroredStrategy itself reports errors to the cluster this way
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().report_error_to_cluster(tf.errors.CANCELLED, f"{name} was interrupted (the stop button)")
+        told = "told the other workers to stop"
+    except Exception as error:  # noqa: BLE001 (the coordination service may be gone with a stopped worker)
+        told = f"could not tell the other workers to stop ({type(error).__name__}: {error})"
+    print(
+        f"Interrupted: {name} {told}. To train again, restart this kernel (TensorFlow joins a cluster once per "
+        "process) and start every worker anew.",
+        file=sys.stderr,
+    )
+
+
+def check_checkpointing(strategy: str, checkpoint_dir) -> None:
+    """Checkpoints are for one machine: in a multi-worker run every worker would have to save (the saves are
+    collective operations), each into its own folder, and resume from its own; that is not built, so it is refused."""
+    if check_strategy(strategy) == "multi_worker" and checkpoint_dir is not None:
+        raise InputError(
+            "CHECKPOINT_DIR with STRATEGY='multi_worker' is not supported: every worker would have to save and resume "
+            "its own copy. Leave CHECKPOINT_DIR=None for a multi-worker run, or checkpoint a run on one machine."
+        )
+
+
+def worker_index(strategy: tf.distribute.Strategy) -> int:
+    """This process's task index in a multi-worker cluster; 0 for the only process (no ``TF_CONFIG``)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return 0
+    return int(resolver.task_id or 0)
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this process writes results: the ``chief`` task, else worker 0, else the only process.
+
+    Under ``MultiWorkerMirroredStrategy`` every worker runs the whole notebook; if each wrote its record,
+    one run would count once per worker.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True
+    if resolver.task_type == "chief":
+        return True
+    return (
+        resolver.task_type == "worker" and worker_index(strategy) == 0 and "chief" not in resolver.cluster_spec().jobs
+    )
+
+
+def weights_fingerprint(model: keras.Model) -> str:
+    """:func:`common.run.protocol.fingerprint` of every weight (BatchNorm statistics included), by variable path."""
+    return protocol.fingerprint((weight.path, weight.numpy()) for weight in model.weights)
+
+
+def set_precision(precision: str, kind: str) -> str:
+    """Set the Keras mixed-precision policy: bf16 on CPUs and on GPUs from Ampere on, fp16 before."""
+    if precision == "fp32":
+        policy = "float32"
+    elif kind == "gpu" and not all(
+        tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)) >= (8, 0)
+        for gpu in tf.config.get_visible_devices("GPU")
+    ):
+        policy = "mixed_float16"  # no fast bf16 before Ampere; fp16 needs loss scaling (see make_optimizer)
+    else:
+        policy = "mixed_bfloat16"
+    keras.mixed_precision.set_global_policy(policy)
+    return policy
+
+
+def build_densenet121(image_size: int, pretrained: bool = False, activation: str | None = None) -> keras.Model:
+    """Keras' DenseNet-121 with a 14-way head (6,968,206 trainable parameters); build it inside a strategy scope.
+
+    ``activation=None`` gives logits, ``"sigmoid"`` probabilities. The head computes in float32 also
+    under a mixed-precision policy, for a stable loss.
+    """
+    base = keras.applications.DenseNet121(
+        weights="imagenet" if pretrained else None,
+        include_top=False,
+        input_shape=(image_size, image_size, 3),
+        pooling="avg",
+    )
+    for layer in base.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = BATCH_NORM_MOMENTUM
+        elif isinstance(layer, keras.layers.Conv2D) and not pretrained:
+            # torchvision starts its convolutions from Kaiming-normal weights, Keras from Glorot-uniform ones,
+            # which are smaller: the same Adam step then moves them further, the batch statistics drift
+            # faster than the running averages follow, and evaluation suffers in a short run.
+            layer.kernel.assign(keras.initializers.HeNormal()(layer.kernel.shape))
+    head = keras.layers.Dense(NUM_CLASSES, activation=activation, dtype="float32", name="predictions")
+    return keras.Model(base.input, head(base.output), name="densenet121")
+
+
+def recompute_batch_norm_statistics(model: keras.Model, data: tf.data.Dataset, batches: int) -> None:
+    """Replace the BatchNorm running averages by the mean statistics of ``batches`` batches of ``data``.
+
+    The same as PyTorch's ``torch.optim.swa_utils.update_bn``: a cumulative average instead of the
+    moving one. Run it outside ``strategy.run`` so that every replica's copy gets the same values.
+    One traced forward pass serves every batch (half the time of eager calls on a CPU): the layers'
+    momentum becomes a variable that the graph reads, instead of a number traced into it.
+    """
+    norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    momentum = [layer.momentum for layer in norms]
+    weight_of_the_past = tf.Variable(0.0, trainable=False)
+
+    @tf.function
+    def forward(images):
+        model(images, training=True)
+
+    try:
+        for layer in norms:
+            layer.momentum = weight_of_the_past
+        for seen, (images, _) in enumerate(data.take(batches)):
+            weight_of_the_past.assign(seen / (seen + 1))  # the first batch replaces, later ones average in
+            forward(images)
+    finally:
+        for layer, value in zip(norms, momentum):
+            layer.momentum = value
+
+
+def share_batch_norm_statistics(model: keras.Model) -> None:
+    """Give every replica the first replica's BatchNorm running statistics, as PyTorch's DDP does.
+
+    Under a ``tf.distribute`` strategy each replica updates its own copy of the running mean and
+    variance from its own share of the batch, so the copies drift apart and an image's score would
+    depend on the replica that scores it. DDP broadcasts rank 0's copy before every forward pass;
+    calling this before each evaluation gives the same statistics to every replica.
+    """
+    for variable in model.non_trainable_variables:
+        copies = getattr(variable.value, "values", ())
+        for copy in copies[1:]:
+            copy.assign(copies[0])
+
+
+def make_optimizer(learning_rate: float, steps: int, policy: str = "float32") -> keras.optimizers.Optimizer:
+    """Adam with the rate decaying along a cosine from ``learning_rate`` to 0 over ``steps`` steps.
+
+    Under float16 it is wrapped in dynamic loss scaling, which bf16 and fp32 do not need
+    (``model.compile`` wraps it by itself).
+    """
+    optimizer = keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps))
+    return keras.optimizers.LossScaleOptimizer(optimizer) if policy == "mixed_float16" else optimizer
+
+
+def trainable_parameters(model: keras.Model) -> int:
+    return int(sum(np.prod(weight.shape) for weight in model.trainable_weights))
+
+
+def replica_loss(labels: tf.Tensor, logits: tf.Tensor, global_batch: int) -> tf.Tensor:
+    """One replica's share of the mean binary cross-entropy over the global batch.
+
+    The optimizer sums the replicas' gradients, so each replica divides its summed loss by the
+    global batch, not by its own: with 2 replicas a per-replica mean would double every step.
+    """
+    per_image = tf.reduce_mean(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=tf.cast(logits, tf.float32)), axis=-1
+    )
+    return tf.nn.compute_average_loss(per_image, global_batch_size=global_batch)
+
+
+def _normalize(image: tf.Tensor) -> tf.Tensor:
+    image = tf.image.grayscale_to_rgb(tf.cast(image, tf.float32) / 255.0)
+    # The statistics are broadcast to the image's shape first: the same values, but TensorFlow's CPU kernels subtract
+    # and divide equal shapes faster than they broadcast a length-3 axis (0.35 instead of 0.8 ms per 224 px image).
+    shape = tf.shape(image)
+    return (image - tf.broadcast_to(IMAGENET_MEAN, shape)) / tf.broadcast_to(IMAGENET_STD, shape)
+
+
+def _decode(path: tf.Tensor) -> tf.Tensor:
+    """The PNG at ``path`` as uint8 gray (height, width, 1): the pixels of :func:`common.data.image_io.read_gray`.
+
+    Decoding at 16 bits gives 8-bit values as x * 257, so the high byte is an 8-bit source's own value and a 16-bit
+    source's rule (``value >> 8``). ``decode_png(channels=1)`` rounds color to gray differently from Pillow (off by 1
+    in about half the pixels), so color is weighted here, in integers, as Pillow weights it.
+    """
+    contents = tf.io.read_file(path)
+
+    def high_bytes(channels: int) -> tf.Tensor:
+        return tf.bitwise.right_shift(tf.io.decode_png(contents, channels=channels, dtype=tf.uint16), 8)
+
+    def luma() -> tf.Tensor:
+        r, g, b = tf.unstack(tf.cast(high_bytes(3), tf.int32), axis=-1)
+        return tf.cast(tf.bitwise.right_shift(r * 19595 + g * 38470 + b * 7471 + 32768, 16), tf.uint8)[..., None]
+
+    # Gray PNGs (color type 0 or 4 in the header) weigh (v, v, v) to v: unweighted, they decode about 4x faster,
+    # and an 8-bit one (bit depth 8 or less) needs no 16-bit round trip at all: 6.9 ms against 8.8 ms at 1024 px.
+    header = tf.io.decode_raw(tf.strings.substr(contents, 24, 2), tf.uint8)
+    depth, color_type = header[0], header[1]
+    gray = tf.bitwise.bitwise_and(color_type, 2) == 0
+    return tf.cond(
+        gray,
+        lambda: tf.cond(
+            depth <= 8, lambda: tf.io.decode_png(contents, channels=1), lambda: tf.cast(high_bytes(1), tf.uint8)
+        ),
+        luma,
+    )
+
+
+def _resize(image: tf.Tensor, size) -> tf.Tensor:
+    """Bilinear resize, antialiased when it shrinks by more than 1.5: from a full-size PNG it must be, and from the
+    prepared copy (at most 8/7) antialiasing changes next to nothing and costs TensorFlow half its pipeline's time."""
+    shrink = tf.reduce_max(tf.cast(tf.shape(image)[:2], tf.float32) / tf.cast(size, tf.float32))
+    return tf.cond(
+        shrink > 1.5,
+        lambda: tf.image.resize(image, size, antialias=True),
+        lambda: tf.image.resize(image, size, antialias=False),
+    )
+
+
+def train_transform(image: tf.Tensor, image_size: int, seed: tf.Tensor) -> tf.Tensor:
+    """Random resized crop (area in ``CROP_SCALE``, aspect 3/4 to 4/3), horizontal flip, normalize.
+
+    Stateless random ops drawn from ``seed`` (shape [2]): the same image with the same seed gets the
+    same crop, whichever thread of the parallel pipeline happens to decode it.
+    """
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.zeros([1, 0, 4]),
+        seed=crop_seed,
+        area_range=CROP_SCALE,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    image = _resize(tf.slice(image, begin, size), (image_size, image_size))
+    return _normalize(tf.image.stateless_random_flip_left_right(image, seed=flip_seed))
+
+
+def eval_transform(image: tf.Tensor, image_size: int) -> tf.Tensor:
+    """Resize the short side to ``image_size``, center crop, normalize."""
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scaled = tf.cast(tf.round(shape * image_size / tf.reduce_min(shape)), tf.int32)
+    image = _resize(image, scaled)
+    return _normalize(tf.image.resize_with_crop_or_pad(image, image_size, image_size))
+
+
+def _images(split) -> tuple[list | np.ndarray, callable]:
+    """What each image of ``split`` is keyed by, and the graph function that reads it as uint8 (height, width, 1):
+    its PNG's path, decoded in the graph, or its position, read from the prepared copy (memory-mapped rows that
+    numpy reads without holding the devices up; tf.data runs several reads at once)."""
+    if split.prepared is None:
+        return list(split.paths), _decode
+    size = split.prepared.size
+
+    def read(position: tf.Tensor) -> tf.Tensor:
+        pixels = tf.numpy_function(lambda p: split.pixels(int(p)), [position], tf.uint8, stateful=False)
+        return tf.ensure_shape(pixels, [size, size])[..., None]
+
+    return np.arange(len(split)), read
+
+
+def dataset(
+    split, image_size: int, global_batch: int, training: bool, seed: int = 0, parallel_calls=None, prefetch=True
+) -> tf.data.Dataset:
+    """A ``tf.data`` pipeline over a :class:`common.data.chestxray.Split`, batched by the global batch.
+
+    Images are read (from the prepared copy, or decoded from their PNGs) and augmented in parallel (AUTOTUNE picks
+    the threads, unless ``parallel_calls`` says how many) and the next batches are prefetched while the devices
+    compute (unless ``prefetch`` is False); the order and the augmentation depend on ``seed`` only. Training drops
+    the last partial batch so every step has the global batch; evaluation keeps it, so every image is scored exactly
+    once.
+    """
+    keys, read = _images(split)
+    parallel_calls = parallel_calls or tf.data.AUTOTUNE
+    data = tf.data.Dataset.from_tensor_slices((keys, split.labels.astype(np.float32)))
+    if training:
+        data = data.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)
+        # one augmentation seed per image, new each epoch, the same for the same SEED
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+        data = tf.data.Dataset.zip(data, seeds).map(
+            lambda item, pair: (train_transform(read(item[0]), image_size, pair), item[1]), parallel_calls
+        )
+    else:
+        data = data.map(lambda key, label: (eval_transform(read(key), image_size), label), parallel_calls)
+    data = data.batch(global_batch, drop_remainder=training)
+    return (data.prefetch(tf.data.AUTOTUNE) if prefetch else data).with_options(_sharded_by_data())
+
+
+def _sharded_by_data() -> tf.data.Options:
+    """Several workers (multi_worker) each take every n-th global batch, rather than every n-th file."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return options
+
+
+def predict_all(distributed_predict_step, distributed) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and scores of every image of a distributed dataset, gathered from all replicas in order.
+
+    ``distributed_predict_step(batch)`` runs the replicas' prediction and returns ``(labels, scores)`` gathered from
+    all of them. Made once (a ``tf.function`` with ``reduce_retracing``), it is traced for the full batches and once
+    more for the first partial one; every later epoch and split reuses those graphs.
+    """
+    gathered = [distributed_predict_step(batch) for batch in distributed]
+    labels = np.concatenate([labels.numpy() for labels, _ in gathered])
+    scores = np.concatenate([scores.numpy() for _, scores in gathered])
+    return labels, scores.astype(np.float32)
+
+
+def random_batch(batch: int, image_size: int, seed: int = 0) -> tuple[tf.Tensor, tf.Tensor]:
+    """Normal images and coin-flip labels: the synthetic-data benchmark's input."""
+    generator = tf.random.Generator.from_seed(seed)
+    images = generator.normal((batch, image_size, image_size, 3))
+    labels = tf.cast(generator.uniform((batch, NUM_CLASSES)) < 0.5, tf.float32)
+    return images, labels
+
+
+def time_steps(
+    strategy: tf.distribute.Strategy, distributed_step, batch_per_replica: int, image_size: int, steps: int, phases=None
+) -> float:
+    """Images per second of all replicas together: ``steps`` distributed training steps on one random batch held on
+    each replica's device.
+
+    ``distributed_step(batch)`` is the training loop's own step and returns the loss: with the training batches'
+    shapes it runs the graph traced for training, so the benchmark traces nothing again. Two warm-up steps
+    (allocation) are not timed; ``phases`` (a :class:`common.measure.phases.Phases`) gets them and the timed steps.
+    """
+    global_batch = random_batch(batch_per_replica * strategy.num_replicas_in_sync, image_size)
+    # split and placed as the training batches are, so that the step sees the very same input structure
+    repeated = tf.data.Dataset.from_tensors(global_batch).repeat().with_options(_sharded_by_data())
+    batch = next(iter(strategy.experimental_distribute_dataset(repeated)))
+    # reading a loss back waits for its step
+    seconds = timed_steps(lambda: distributed_step(batch), steps, lambda loss: loss.numpy(), phases)
+    return steps * batch_per_replica * strategy.num_replicas_in_sync / seconds
+
+
+def save_checkpoint(folder, epoch: int, settings: dict, history: dict, state: tf.train.Checkpoint) -> None:
+    """The custom loop's checkpoint: ``tf.train.Checkpoint`` writes an index and data files into one folder."""
+
+    def write(path):
+        path.mkdir()
+        state.write(str(path / "state"))
+
+    checkpoints.save(folder, epoch, ".tf", write, settings, history)
+
+
+def load_checkpoint(checkpoint: checkpoints.Checkpoint, state: tf.train.Checkpoint) -> tuple[int, dict]:
+    """Load what :func:`save_checkpoint` wrote into the same objects; returns the epochs finished and the history."""
+    state.read(str(checkpoint.state / "state")).assert_existing_objects_matched()
+    return checkpoint.epoch, checkpoint.history

@@ -1,0 +1,82 @@
+"""common.pytorch.speedups and common.teach.toolbox: the tricks that change the arithmetic compute the plain step, and
+the toolbox's sums are right."""
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from common.pytorch import speedups as sp
+from common.teach import toolbox
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def checks():
+    return sp.check_arithmetic(CPU, accumulation=4)["largest difference"]
+
+
+def test_gradient_accumulation_gives_the_big_batch_gradients(checks):
+    # BatchNorm aside (evaluation mode): each micro-batch would otherwise be normalized by its own statistics
+    assert checks["4 micro-batches"] < 1e-5
+
+
+def test_activation_checkpointing_leaves_the_gradients_unchanged(checks):
+    assert checks["checkpointing"] < 1e-6
+
+
+def test_a_compiled_step_takes_the_eager_steps_loss():
+    """torch.compile on a small network (DenseNet-121 takes minutes to compile on a CPU): the same losses, step by
+    step, within float32 rounding of fused kernels."""
+
+    def losses(compile_it):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 14))
+        data = itertools.repeat(sp.random_batch(4, 16, CPU))
+        step = sp.training_step(model, data, "fp32", compiled=torch.compile(model) if compile_it else None)
+        return [step().item() for _ in range(3)]
+
+    torch._dynamo.reset()
+    assert losses(True) == pytest.approx(losses(False), rel=1e-5)
+
+
+def test_the_batch_sweep_stops_at_the_first_batch_that_does_not_fit():
+    def make_step(batch):
+        if batch >= 32:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return lambda: None
+
+    rows = sp.sweep_batches(make_step, [8, 16, 32, 64], CPU, steps=2, technique="batch size")
+    assert [row.batch for row in rows] == [8, 16, 32] and "out of memory" in rows[-1].not_measured
+    assert toolbox.largest_batch(rows) == 16
+
+
+def test_a_ring_all_reduce_and_the_scaling_it_allows():
+    # 2 (n-1)/n of the bytes over the link: 100 MB over 4 devices at 10 GB/s
+    assert sp.ring_all_reduce_seconds(100e6, 4, 10e9) == pytest.approx(0.015)
+    assert sp.predicted_efficiency(0.1, 100e6, 4, 10e9) == pytest.approx(0.1 / 0.115)
+    assert sp.predicted_efficiency(0.1, 100e6, 1, 10e9) == 1.0  # one device sends nothing
+
+
+def test_an_epoch_costs_the_full_data_sets_hours_at_the_measured_speed():
+    rate = toolbox.FULL_DATA_SET_IMAGES / 3600
+    rows = [toolbox.Measured("communication", "DDP", 16, images_per_second=rate, extra={"devices": 2})]
+    prices = toolbox.costs(rows, price=4.0, spot_price=1.5, epochs=5)
+    row = prices.loc[("communication", "DDP")]  # an hour on two devices: two device hours
+    assert row["hours per epoch"] == pytest.approx(1.0) and row["price per epoch"] == pytest.approx(8.0)
+    assert row["spot price per epoch"] == pytest.approx(3.0) and row["price of 5 epochs"] == pytest.approx(40.0)
+
+
+def test_what_each_technique_bought_compares_its_fastest_setting_with_the_baseline():
+    baseline = toolbox.Measured("baseline", "in RAM", 16, images_per_second=100.0)
+    rows = [baseline, toolbox.Measured("precision", "bf16", 16, images_per_second=150.0),
+            toolbox.Measured("precision", "fp16", 16, images_per_second=120.0),
+            toolbox.Measured("precision", "fp16, channels_last", 16, not_measured="needs a GPU"),
+            toolbox.Measured("compiler", "eager", 16, images_per_second=101.0),  # one setting: nothing compared
+            toolbox.Measured("communication", "DDP", 16, images_per_second=190.0, extra={"devices": 2}),
+            toolbox.Measured("communication", "step alone", 16, images_per_second=99.0)]  # fmt: skip
+    bought = toolbox.what_each_bought(rows, baseline)
+    assert bought.loc["precision", "fastest setting"] == "bf16" and bought.loc["precision", "speed-up"] == 1.5
+    assert list(bought.index) == ["precision"]  # two devices are not a trick of one device

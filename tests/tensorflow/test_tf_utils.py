@@ -1,0 +1,329 @@
+"""The TensorFlow pieces both TensorFlow notebooks are built from, and tf.distribute's data-parallel sync."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from png_modes import HEIGHT, MODES, WIDTH, write
+
+from common.data import chestxray
+from common.errors import InputError
+from common.measure.phases import Phases
+from common.run import checkpoints, params, protocol
+from common.tensorflow import callbacks as kc
+from common.tensorflow import utils as tfu
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tensorflows_decoder_gives_the_shared_pixels_for_every_png_mode(tmp_path, mode):
+    """tf.io.decode_png scales 16-bit images where the shared rule keeps the high byte: the pipeline follows the
+    rule."""
+    path, expected = write(tmp_path, mode)
+    image = tfu._decode(tf.constant(path)).numpy()
+    assert image.dtype == np.uint8 and image.shape == (HEIGHT, WIDTH, 1)
+    np.testing.assert_array_equal(image[..., 0], expected)
+
+
+def test_gpus_this_tensorflow_cannot_use_stop_the_notebook_before_tensorflow_starts(monkeypatch):
+    """tensorflow-cpu (or CUDA libraries TensorFlow cannot load) on a GPU box: a stop naming it, not a CPU run."""
+    from common.run import devices
+
+    gpus = devices.Devices("gpu", 2, 2, ("NVIDIA L40S",) * 2, 45.0, (8, 9))
+    monkeypatch.setattr(devices, "driver_version", lambda: "580.95.05")
+    with pytest.raises(InputError, match=r"NVIDIA L40S.*TensorFlow .*a build without CUDA.*can use 0 of the 2"):
+        tfu.configure_devices(gpus, "mirrored")
+    assert not tf.config.get_visible_devices("GPU"), "the check changed nothing in TensorFlow's configuration"
+
+
+def test_densenet121_has_the_shared_parameter_count():
+    """The same 6,968,206 trainable parameters as torchvision's DenseNet-121 with 14 outputs."""
+    assert tfu.trainable_parameters(tfu.build_densenet121(32)) == 6_968_206
+
+
+def test_densenet121_matches_torchvision_batch_norm_momentum_and_float32_head():
+    model = tfu.build_densenet121(32, activation="sigmoid")
+    norms = [layer for layer in model.layers if layer.__class__.__name__ == "BatchNormalization"]
+    assert len(norms) == 121 and {layer.momentum for layer in norms} == {params.BATCH_NORM_MOMENTUM}
+    assert model.layers[-1].dtype_policy.compute_dtype == "float32"
+    scores = model(np.zeros((2, 32, 32, 3), np.float32)).numpy()
+    assert scores.shape == (2, 14) and ((scores > 0) & (scores < 1)).all()
+
+
+@pytest.fixture(scope="module")
+def splits(standin):
+    return chestxray.load(standin, seed=0)
+
+
+def test_datasets_give_normalized_three_channel_images_and_score_every_image_once(splits):
+    train = tfu.dataset(splits["train"], 24, global_batch=8, training=True)
+    images, labels = next(iter(train))
+    assert images.shape == (8, 24, 24, 3) and images.dtype == tf.float32 and labels.shape == (8, 14)
+    assert -3 < float(tf.reduce_mean(images)) < 3 and float(tf.math.reduce_std(images)) > 0.1
+    assert sum(int(batch[1].shape[0]) for batch in train) == len(splits["train"]) // 8 * 8  # full batches only
+    test = [labels.numpy() for _, labels in tfu.dataset(splits["test"], 24, global_batch=7, training=False)]
+    np.testing.assert_array_equal(np.concatenate(test), splits["test"].labels)  # all, in order
+    first = next(iter(tfu.dataset(splits["test"], 24, 7, training=False)))[0]
+    again = next(iter(tfu.dataset(splits["test"], 24, 7, training=False)))[0]
+    np.testing.assert_array_equal(first.numpy(), again.numpy())  # evaluation is deterministic
+
+
+def test_learning_rate_decays_along_a_cosine_to_zero():
+    optimizer = tfu.make_optimizer(1e-3, steps=10)
+    rates = []
+    for step in (0, 5, 10):
+        optimizer.iterations.assign(step)
+        rates.append(float(optimizer.learning_rate))
+    np.testing.assert_allclose(rates, [1e-3, 5e-4, 0.0], atol=1e-9)
+
+
+def test_training_augmentation_depends_on_the_seed_only_and_changes_every_epoch(splits):
+    def first_batch(data):
+        return next(iter(data))[0].numpy()
+
+    data = tfu.dataset(splits["train"], 24, global_batch=8, training=True, seed=3)
+    again = tfu.dataset(splits["train"], 24, global_batch=8, training=True, seed=3)
+    np.testing.assert_array_equal(first_batch(data), first_batch(again))
+    assert not np.array_equal(first_batch(data), first_batch(data))  # the next epoch: a new shuffle and new crops
+    other = tfu.dataset(splits["train"], 24, global_batch=8, training=True, seed=4)
+    assert not np.array_equal(first_batch(again), first_batch(other))
+
+
+def test_replica_loss_is_the_mean_over_the_global_batch():
+    labels = tf.constant([[1.0] * 14, [0.0] * 14])
+    logits = tf.zeros((2, 14))
+    np.testing.assert_allclose(float(tfu.replica_loss(labels, logits, global_batch=2)), np.log(2), rtol=1e-6)
+    np.testing.assert_allclose(float(tfu.replica_loss(labels, logits, global_batch=4)), np.log(2) / 2, rtol=1e-6)
+
+
+def test_recomputed_batch_norm_statistics_are_the_mean_of_the_batches_and_momentum_is_restored():
+    norm = keras.layers.BatchNormalization(momentum=0.9)
+    model = keras.Sequential([keras.Input((3,)), norm])
+    batches = [np.full((4, 3), 2.0, np.float32), np.full((4, 3), 6.0, np.float32), np.zeros((4, 3), np.float32)]
+    data = tf.data.Dataset.from_tensor_slices((np.concatenate(batches), np.zeros(12, np.float32))).batch(4)
+    tfu.recompute_batch_norm_statistics(model, data, batches=2)  # the first two batches only
+    np.testing.assert_allclose(norm.moving_mean.numpy(), [4.0] * 3)
+    assert norm.momentum == 0.9
+
+
+@pytest.mark.parametrize("strategy", ["central", "", "multi-worker"])
+def test_unknown_strategy_is_refused(strategy):
+    with pytest.raises(InputError, match="STRATEGY must be one of"):
+        tfu.check_strategy(strategy)
+
+
+def test_keras_refuses_multi_worker_naming_the_upstream_issue():
+    assert tfu.check_keras_strategy("mirrored") == "mirrored"
+    with pytest.raises(InputError, match="keras-team/keras#20585"):
+        tfu.check_keras_strategy("multi_worker")
+
+
+def test_step_timer_leaves_out_the_warm_up_steps_and_records_both_as_phases():
+    phases = Phases()
+    timer = kc.StepTimer(global_batch=10, warmup=2, phases=phases)
+    timer._times = [0.0, 4.0, 5.0, 6.0, 7.0, 8.0]  # the start, a slow first step (tracing), then one per second
+    timer.on_train_end()
+    assert timer.images_per_second == pytest.approx(10.0)
+    assert [(row["phase"], row["seconds"]) for row in phases.rows()] == [("benchmark warm-up", 5.0), ("benchmark", 3.0)]
+
+
+def test_mixed_precision_is_bf16_on_cpu_with_a_float32_head():
+    try:
+        assert tfu.set_precision("mixed", "cpu") == "mixed_bfloat16"
+        model = tfu.build_densenet121(32)
+        assert model.get_layer("conv1_conv").compute_dtype == "bfloat16"
+        assert model(np.zeros((1, 32, 32, 3), np.float32)).dtype == "float32"
+        assert not isinstance(tfu.make_optimizer(1e-3, 10, "mixed_bfloat16"), keras.optimizers.LossScaleOptimizer)
+        assert isinstance(tfu.make_optimizer(1e-3, 10, "mixed_float16"), keras.optimizers.LossScaleOptimizer)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert tfu.set_precision("fp32", "cpu") == "float32"
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    """One SGD step on 1 and on 2 logical CPU devices, in a process of its own (see tf_replicas.py)."""
+    script = Path(__file__).with_name("tf_replicas.py")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "central_storage"])
+def test_two_replicas_take_the_same_step_as_one_device(replicas, strategy):
+    result = replicas[strategy]
+    assert result["replicas"] == 2
+    assert result["two_vs_one"] < 1e-6
+    assert result["step_size"] > 1e-3  # the step really moved the weights, so equality is not trivial
+    # the check is sharp: dividing each replica's loss by its own share of the batch doubles the step
+    assert result["wrong_reduction_vs_one"] > result["step_size"] / 2
+    # model.fit reduces the loss the same way: the Keras notebook takes the same step as the custom loop
+    assert result["fit_two_vs_one"] < 1e-6 and result["fit_vs_custom_loop"] < 1e-6
+
+
+def test_multi_worker_without_tf_config_is_one_worker_taking_the_same_step(replicas):
+    assert replicas["multi_worker"] == {"replicas": 1, "vs_one": pytest.approx(0.0, abs=1e-6)}
+
+
+def test_batch_norm_statistics_stay_per_replica(replicas):
+    """The known exception: each replica keeps the statistics of its own share of the batch."""
+    result = replicas["batch_norm"]
+    first, second = (np.array(mean) for mean in result["replica_moving_means"])
+    assert not np.allclose(first, second, atol=1e-4)
+    assert not np.allclose(first, result["one_device_moving_mean"], atol=1e-4)
+    # what the notebooks do before evaluating, as DDP does: every replica gets the first one's statistics
+    assert result["shared_moving_means"] == [result["replica_moving_means"][0]] * 2
+    # recomputed outside the replicas, every replica gets the same, new statistics
+    first, second = result["recomputed_moving_means"]
+    assert first == second and not np.allclose(first, result["shared_moving_means"][0], atol=1e-4)
+
+
+@pytest.mark.parametrize("replicas_used", ["1", "2"])
+def test_training_benchmark_and_evaluation_reuse_their_traced_graphs(replicas, replicas_used):
+    """Tracing DenseNet-121 takes tens of seconds on a CPU: the benchmark runs the training step's own graph, and
+    evaluation traces full batches once and partial ones once, however many epochs and splits it scores."""
+    result = replicas["tracings"][replicas_used]
+    assert result["scored"] == [20, 20, 11], "every image scored once"
+    assert result["train"] == 1, "the benchmark traced the training step again"
+    assert result["predict"] <= 2, f"evaluation traced {result['predict']} graphs: one per epoch or split"
+    assert result["benchmark_images_per_second"] > 0
+
+
+def tiny_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+
+
+def test_a_restored_custom_loop_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_path):
+    data = np.random.default_rng(0).normal(size=(6, 8, 4)).astype(np.float32)
+
+    def build():
+        model = tiny_model()
+        optimizer = tfu.make_optimizer(0.1, steps=6)
+        optimizer.build(model.trainable_variables)
+        return model, optimizer, tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+    def train(model, optimizer, steps):
+        for batch in steps:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(model(batch) ** 2)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    model, optimizer, state = build()
+    train(model, optimizer, data[:3])
+    tfu.save_checkpoint(tmp_path, 3, {"EPOCHS": 6}, {"train_loss": [0.5]}, state)
+    train(model, optimizer, data[3:])
+
+    resumed_model, resumed_optimizer, resumed_state = build()
+    assert tfu.load_checkpoint(checkpoints.complete(tmp_path)[-1], resumed_state) == (3, {"train_loss": [0.5]})
+    assert int(resumed_optimizer.iterations) == 3  # the learning-rate schedule resumes at step 3
+    train(resumed_model, resumed_optimizer, data[3:])
+    for expected, found in zip(model.get_weights(), resumed_model.get_weights()):
+        np.testing.assert_array_equal(found, expected)
+
+
+class FixedAUC(keras.callbacks.Callback):
+    history: list
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.history.append(0.5)
+
+
+def test_keras_epoch_checkpoints_resume_model_fit_exactly_and_keep_the_history(tmp_path):
+    images = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    labels = np.zeros((16, 2), np.float32)
+
+    def build():
+        model = tiny_model()
+        model.compile(optimizer=tfu.make_optimizer(0.1, steps=12), loss="mse")
+        return model
+
+    def fit(model, first, last, history, folder=None, phases=None):
+        auc = FixedAUC()
+        auc.history = []
+        log = kc.EpochLog(phases or Phases(), auc, history, folder, {"EPOCHS": 3})
+        model.fit(
+            images,
+            labels,
+            batch_size=4,
+            shuffle=False,
+            epochs=last,
+            initial_epoch=first,
+            verbose=0,
+            callbacks=[auc, log],
+        )
+        return log.history
+
+    model, phases = build(), Phases()
+    fit(model, 0, 2, protocol.new_history(16, 16), tmp_path, phases)
+    resume = checkpoints.complete(tmp_path)[-1]
+    fit(model, 2, 3, protocol.new_history(16, 16))
+    # the first step traced the graph; each epoch trained, then validated (here: nothing to validate)
+    assert [row["phase"] for row in phases.rows()][:3] == ["first steps", "train", "validate"]
+    assert [row.get("epoch") for row in phases.rows() if row["phase"] == "train"] == [1, 2]
+
+    resumed = build()
+    epoch, history = kc.load_checkpoint(resume, resumed)
+    assert epoch == 2 and len(history["train_loss"]) == 2
+    history = fit(resumed, 2, 3, history, tmp_path)
+    assert len(history["epoch_seconds"]) == len(history["train_loss"]) == len(history["valid_auc"]) == 3
+    assert history["data_wait_seconds"] == [None] * 3  # model.fit reads its batches inside the traced step
+    assert [checkpoint.epoch for checkpoint in checkpoints.complete(tmp_path)] == [2, 3]
+    for expected, found in zip(model.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(found, expected)
+
+
+def test_checkpoints_of_a_multi_worker_run_are_refused():
+    tfu.check_checkpointing("mirrored", "/tmp/checkpoints")
+    tfu.check_checkpointing("multi_worker", None)
+    with pytest.raises(InputError, match="CHECKPOINT_DIR with STRATEGY='multi_worker' is not supported"):
+        tfu.check_checkpointing("multi_worker", "/tmp/checkpoints")
+
+
+START_UP = """WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+I0000 00:00:1796413111.595998    6585 port.cc:153] oneDNN custom operations are on. You may see slightly different
+I0000 00:00:1796421970.454390     928 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use available
+To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow.
+E0000 00:00:1796413114.519532    6585 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error (303)
+W0000 00:00:1796413114.519532    6585 some.cc:1] a warning
+that goes on
+"""
+
+
+def test_start_up_notices_are_dropped_and_everything_else_kept():
+    from common.tensorflow import imports as tf_import
+
+    kept = tf_import.kept_lines("before\n" + START_UP, gpu_present=False)
+    assert kept == ["before\n", START_UP.splitlines(keepends=True)[-2], "that goes on\n"]
+    # on a GPU machine the cuInit failure is why TensorFlow sees no GPU
+    assert any("cuInit" in line for line in tf_import.kept_lines(START_UP, gpu_present=True))
+
+
+def test_a_first_graph_of_booleans_logs_no_onednn_notice_once_the_strategy_exists():
+    """keras.metrics.AUC transposes booleans in a Keras notebook's first step; TensorFlow logs an E0000 notice then."""
+    script = textwrap.dedent(
+        """
+        from common.run import devices
+        from common.tensorflow import utils as tfu
+        hardware = devices.resolve(1, gpus=[])
+        tfu.make_strategy("mirrored", tfu.configure_devices(hardware, "mirrored"), "cpu")
+        tf = tfu.tf
+        tf.function(lambda b: tf.reduce_any(tf.transpose(b)))(tf.eye(3) > 0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "DT_BOOL" not in out.stderr, out.stderr
+
+
+def test_importing_tensorflow_shows_no_start_up_notices_but_passes_other_output_on():
+    script = "import os; from common.tensorflow.imports import keras, tf; os.write(2, b'after the import\\n')"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "InitializeLog" not in out.stderr and "I0000" not in out.stderr, out.stderr
+    assert "after the import" in out.stderr
