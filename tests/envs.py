@@ -24,3 +24,13 @@ def call(environment: str, function: str, *args):
     out = subprocess.run([python_of(environment), "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def value(environment: str, name: str):
+    """The value of ``module.NAME`` in ``environment`` (as JSON), for a test that checks a notebook's record against
+    a constant of a framework's helpers."""
+    module, attribute = name.rsplit(".", 1)
+    code = f"import json, {module} as m\nprint(json.dumps(m.{attribute}))"
+    out = subprocess.run([python_of(environment), "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
