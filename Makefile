@@ -10,7 +10,7 @@ GPU ?= auto
 TOOLS := .venvs/tools/bin/python
 export FRAMEWORKS
 
-.PHONY: setup run test lab lint lock prepare bench-loader bench-live readme workshop clean
+.PHONY: setup run test lab lint lock prepare bench-loader bench-live readme readme-setup workshop clean
 
 # Skips every environment whose lock has not changed since it was installed (envs/install.py).
 setup:
@@ -20,14 +20,24 @@ setup:
 run: setup
 	$(TOOLS) -m common.run $(if $(DATA_DIR),--data-dir "$(DATA_DIR)") $(RUN_ARGS)
 
-# pytest once in each environment: the tools' run holds the framework-neutral tests and the notebooks (through each
-# environment's kernel), each framework's run its own tests/<framework>/ folder (tests/conftest.py).
+# pytest once in each environment (tests/conftest.py says which tests run where): each framework's tests/<framework>/
+# folder in its own, the three side by side (their output follows when all are done), then the framework-neutral tests
+# and the notebooks, through each environment's kernel, in the tools. PYTEST_ARGS go to every run; a run they leave
+# without tests passes.
 test: setup
-	@status=0; for env in tools $(FRAMEWORKS); do \
-		echo "== pytest in the $$env environment"; \
-		.venvs/$$env/bin/python -m pytest --durations=25 $(PYTEST_ARGS); code=$$?; \
+	@logs=$$(mktemp -d); status=0; \
+	for env in $(FRAMEWORKS); do \
+		( .venvs/$$env/bin/python -m pytest --durations=10 $(PYTEST_ARGS) > $$logs/$$env.log 2>&1; \
+		  echo $$? > $$logs/$$env.code ) & \
+	done; wait; \
+	for env in $(FRAMEWORKS); do \
+		echo "== pytest in the $$env environment"; cat $$logs/$$env.log; code=$$(cat $$logs/$$env.code); \
 		if [ $$code -ne 0 ] && ! { [ $$code -eq 5 ] && [ -n "$(PYTEST_ARGS)" ]; }; then status=1; fi; \
-	done; exit $$status
+	done; rm -rf $$logs; \
+	echo "== pytest in the tools environment"; \
+	.venvs/tools/bin/python -m pytest --durations=25 $(PYTEST_ARGS); code=$$?; \
+	if [ $$code -ne 0 ] && ! { [ $$code -eq 5 ] && [ -n "$(PYTEST_ARGS)" ]; }; then status=1; fi; \
+	exit $$status
 
 # Checks every image of DATA_DIR once and writes the copy every notebook trains from (IMAGE_SIZE=224 by default).
 prepare: setup
@@ -57,6 +67,10 @@ bench-live: setup
 # Copies the table of the newest runs/<timestamp>/report.md (or RUN=...) into README.md.
 readme: setup
 	$(TOOLS) -m common.measure.report --readme README.md $(or $(RUN),$(patsubst %/,%,$(lastword $(sort $(dir $(wildcard runs/*/report.md))))))
+
+# Writes the set-up time and disk of each environment, as make setup recorded them, into README.md.
+readme-setup: setup
+	$(TOOLS) -m common.measure.report --readme README.md --setup
 
 # Writes docs/workshop.md with the times and figures of the newest make run (or RUN=...).
 workshop: setup

@@ -20,13 +20,16 @@ changed since its last install is skipped. Standard library only: this runs befo
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
+import datetime
 import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 from common.run.environments import ENVIRONMENTS as FRAMEWORK_ENVIRONMENTS  # noqa: E402 (standard library only)
-from common.run.environments import MIN_DRIVER, TOOLS, VENVS  # noqa: E402
+from common.run.environments import MIN_DRIVER, STAMP, TOOLS, VENVS, install_record  # noqa: E402
 
 PIP = "pip==26.3"
 FRAMEWORKS = tuple(FRAMEWORK_ENVIRONMENTS)
@@ -59,6 +62,7 @@ def canonical(name: str) -> str:
 
 
 def lock_file(environment: str, build: str) -> Path:
+    """The lock a build installs; PyTorch's CUDA 12 build is its CUDA 13 lock with torch from another index."""
     return HERE / environment / f"{'cuda13' if build == 'cuda12' and environment == 'pytorch' else build}.txt"
 
 
@@ -101,7 +105,7 @@ class Plan:
     environment: str
     build: str
     commands: list[list[str]]
-    stamp: str
+    digest: str  # of the commands, the lock and pyproject.toml: what makes an installed environment this one
 
     @property
     def python(self) -> Path:
@@ -109,8 +113,7 @@ class Plan:
 
     @property
     def done(self) -> bool:
-        stamp = VENVS / self.environment / ".installed"
-        return self.python.exists() and stamp.exists() and stamp.read_text() == self.stamp
+        return self.python.exists() and (install_record(self.environment) or {}).get("digest") == self.digest
 
 
 def plan(environment: str, gpu: bool, driver: str | None, python: str = sys.executable) -> Plan:
@@ -136,7 +139,18 @@ def plan(environment: str, gpu: bool, driver: str | None, python: str = sys.exec
     digest = hashlib.sha256(json.dumps(commands).encode())
     for path in (lock, ROOT / "pyproject.toml"):
         digest.update(path.read_bytes())
-    return Plan(environment, build, commands, f"{build} {digest.hexdigest()}\n")
+    return Plan(environment, build, commands, digest.hexdigest())
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes on disk under ``folder`` (allocated blocks, as ``du`` counts them; hard links once)."""
+    seen, total = set(), 0
+    for path in folder.rglob("*"):
+        stat = path.lstat()
+        if (stat.st_dev, stat.st_ino) not in seen:
+            seen.add((stat.st_dev, stat.st_ino))
+            total += stat.st_blocks * 512
+    return total
 
 
 def register_kernel(environment: str) -> None:
@@ -172,10 +186,19 @@ def shared_files(site: Path) -> dict[str, list[str]]:
 
 
 def run(plan: Plan) -> None:
-    stamp = VENVS / plan.environment / ".installed"
-    for command in plan.commands:
-        print("+", " ".join(command), flush=True)
-        subprocess.run(command, check=True, cwd=ROOT)
+    """Install ``plan``'s environment, its commands' output in ``.venvs/<environment>.log``, and record what it took
+    (see :func:`common.run.environments.install_record`)."""
+    started = time.time()
+    log_path = VENVS / f"{plan.environment}.log"
+    VENVS.mkdir(exist_ok=True)
+    with log_path.open("w") as log:
+        for command in plan.commands:
+            log.write(f"+ {' '.join(command)}\n")
+            log.flush()
+            done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])
+                raise SetupError(f"installing the {plan.environment} environment failed ({log_path}):\n{tail}")
     shared = shared_files(site_packages(plan.environment))
     if shared:
         listed = "\n  ".join(f"{path}: {', '.join(names)}" for path, names in sorted(shared.items())[:20])
@@ -184,7 +207,32 @@ def run(plan: Plan) -> None:
             f"overwrote the other's:\n  {listed}\nThe lock {lock_file(plan.environment, plan.build).name} mixes two "
             "builds (two CUDA versions?): fix its .in file and run make lock."
         )
-    stamp.write_text(plan.stamp)
+    record = {
+        "build": plan.build,
+        "digest": plan.digest,
+        "started": round(started, 1),
+        "seconds": round(time.time() - started, 1),
+        "bytes": disk_bytes(VENVS / plan.environment),
+        "date": datetime.date.today().isoformat(),
+        "cores": len(os.sched_getaffinity(0)),
+    }
+    (VENVS / plan.environment / STAMP).write_text(json.dumps(record) + "\n")
+    print(f"{plan.environment}: installed in {record['seconds']:.0f} s, {record['bytes'] / 2**30:.1f} GB", flush=True)
+
+
+def run_all(plans: list[Plan]) -> list[str]:
+    """Install every plan at once: downloading, unpacking and writing gigabytes wait on the network and the disk more
+    than on the cores. Returns the errors of those that failed."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(plans))) as pool:
+        futures = {pool.submit(run, step): step for step in plans}
+        print(f"installing {', '.join(step.environment for step in plans)} side by side (logs: {VENVS}/<name>.log)")
+        errors = []
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                future.result()
+            except SetupError as error:
+                errors.append(str(error))
+    return errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,15 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             for command in step.commands:
                 print("   ", " ".join(command))
-        elif not step.done:
-            try:
-                run(step)
-            except SetupError as error:
-                print(f"envs/install.py: {error}", file=sys.stderr)
-                return 1
-    if not args.dry_run:
-        for step in plans[1:]:
-            register_kernel(step.environment)
+    if args.dry_run:
+        return 0
+    errors = run_all([step for step in plans if not step.done])
+    for error in errors:
+        print(f"envs/install.py: {error}", file=sys.stderr)
+    if errors:
+        return 1
+    for step in plans[1:]:
+        register_kernel(step.environment)
     return 0
 
 

@@ -40,6 +40,16 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
+def assert_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Raise if a process still listens on ``port``. The socket binds as the next launcher's server does, with
+    SO_REUSEADDR (ZeroMQ, the MXNet watch and torchrun's TCPStore all set it): the TIME_WAIT of connections that the
+    killed server closed first does not matter, a process that still listens does."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen()
+
+
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60, node: Node | None = None) -> None:
     """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` s, or at once if ``node`` exits first
     (with its last lines), rather than wait out the time for a process that is gone."""
@@ -91,6 +101,15 @@ class Cluster:
         node = Node(name, [str(part) for part in command], dict(env or {}), self.log_dir / f"{name}.log")
         allowed = sorted(os.sched_getaffinity(0))  # a container may allow other cores than 0 and 1
         pin = None if core is None else {allowed[core % len(allowed)]}
+
+        def as_on_a_host() -> None:
+            # Ctrl-C must reach a node as it reaches a process started at a terminal, whatever started this test:
+            # a shell that runs the suite in the background (`make test &`, nohup, CI) ignores SIGINT, and its
+            # children inherit that, so a node that ignores it would finish its run instead of stopping.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if pin is not None:
+                os.sched_setaffinity(0, pin)
+
         with node.log.open("wb") as log:
             # Own session: the launcher and every worker it starts form one process group to kill.
             node.process = subprocess.Popen(
@@ -101,7 +120,7 @@ class Cluster:
                 env={**os.environ, **node.env},
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=None if pin is None else lambda: os.sched_setaffinity(0, pin),
+                preexec_fn=as_on_a_host,
             )
         self.nodes.append(node)
         return node

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.run.environments import ENVIRONMENTS, TOOLS, VENVS
+from common.run.environments import ENVIRONMENTS, TOOLS
 
 ROOT = Path(__file__).parent.parent
 ENVS = ROOT / "envs"
@@ -20,7 +20,7 @@ sys.path.insert(0, str(ENVS))
 import install  # noqa: E402 (envs/install.py: make setup's engine, standard library only)
 
 LOCKS = sorted(ENVS.glob("*/*.txt"))
-INSTALLED = [name for name in install.ENVIRONMENTS if (VENVS / name / ".installed").exists()]
+INSTALLED = [name for name in install.ENVIRONMENTS if install.install_record(name)]
 PIN = re.compile(r"([a-z0-9][a-z0-9.\-]*)==([0-9][0-9A-Za-z.+\-]*)")
 
 
@@ -111,7 +111,7 @@ def test_environment_yml_is_the_cpu_lock(environment):
 
 @pytest.mark.parametrize("environment", INSTALLED)
 def test_an_installed_environment_holds_exactly_its_lock(environment):
-    build = (VENVS / environment / ".installed").read_text().split()[0]
+    build = install.install_record(environment)["build"]
     site = install.site_packages(environment)
     installed = {install.canonical(d.metadata["Name"]): d.version for d in distributions(path=[str(site)])}
     installed.pop("multigpu-notebooks")  # common/, editable

@@ -9,6 +9,7 @@ KERAS_AUC_TOLERANCE = 0.01
 class TestKerasNotebook(NotebookContract):
     NOTEBOOK = "Keras_TF_MultiGPU"
     FRAMEWORK = "keras"
+    SIDE_BY_SIDE = True
 
     def test_keras_auc_agrees_with_the_exact_auc(self, runs):
         for devices in (1, 2):

@@ -9,19 +9,18 @@ here, MXNet in tests/test_mxnet_cluster.py).
 """
 
 import os
-import socket
 import textwrap
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from cluster import Cluster, free_port, free_ports, wait_until
+from cluster import Cluster, assert_port_free, free_port, free_ports, wait_until
+from elsewhere import python_of
 from jupyter_client.manager import start_new_kernel
 
 from common.run.environments import ENVIRONMENTS
 from common.run.launch import tf_config
-from envs import python_of
 
 WORKER = """
 import os, pathlib, sys, time
@@ -106,11 +105,6 @@ def assert_all_gone(processes: list[psutil.Process], timeout: float) -> None:
     _, alive = psutil.wait_procs(processes, timeout=timeout)
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"still running {timeout:.0f} s later: {[p.cmdline()[:4] for p in alive]}"
-
-
-def assert_port_free(port: int) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))  # raises if the rendezvous store still listens
 
 
 def launch_two_workers(kernel, folder, launcher: str) -> tuple[str, Path, int, list[psutil.Process]]:

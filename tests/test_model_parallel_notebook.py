@@ -5,7 +5,7 @@ wrote are what the other tests assert on.
 """
 
 import pytest
-from envs import value
+from elsewhere import value
 from notebook_harness import AUC_BAR, assert_stops_before_training, check_training_record, marks, run_nbval
 
 from common.measure import results

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import cluster as multinode
 import pytest
+from elsewhere import call, python_of
 from multinode_harness import assert_ranks_agree, papermill_command, write_config, write_script
 
 from common.run import protocol
 from common.run.launch import tf_config
-from envs import call, python_of
 
 # Tiny runs: the point is the launch and the agreement of the workers, not what the model learns.
 TINY = dict(EPOCHS=1, IMAGE_SIZE=32, BATCH_SIZE_PER_DEVICE=8, MAX_IMAGES=240, BENCH_STEPS=1)
@@ -189,3 +189,22 @@ def test_multinode_cluster_names_the_launcher_that_hung(tmp_path):
         with pytest.raises(multinode.LaunchTimeout, match="stuck launcher did not finish"):
             cluster.wait([quick, stuck], timeout=3)
     assert stuck.process.returncode is not None, "the hung process was not stopped"
+
+
+def test_a_node_answers_ctrl_c_even_when_the_suite_runs_with_sigint_ignored(tmp_path):
+    """A shell that runs the suite in the background ignores SIGINT, and children inherit that: a papermill worker
+    then finished the run it was told to stop, and every node of the Gluon test above exited 0."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `make test &` or nohup
+    try:
+        with multinode.Cluster(tmp_path) as cluster:
+            code = (
+                "import signal, time; handler = signal.getsignal(signal.SIGINT)\n"
+                "print(getattr(handler, '__name__', handler), flush=True); time.sleep(60)"
+            )
+            node = cluster.start("worker", [sys.executable, "-c", code])
+            multinode.wait_until(lambda: node.output.strip(), "the node to start", 30, node)
+            node.process.send_signal(signal.SIGINT)
+            assert cluster.wait([node], timeout=10) == {"worker": -signal.SIGINT}, node.output
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert node.output.startswith("default_int_handler") and "KeyboardInterrupt" in node.output

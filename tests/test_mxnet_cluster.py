@@ -8,7 +8,6 @@ is gone. tests/test_multinode.py interrupts a real worker of a real cluster.
 
 import os
 import signal
-import socket
 import subprocess
 import textwrap
 import time
@@ -16,11 +15,11 @@ import time
 import cluster as multinode
 import psutil
 import pytest
+from elsewhere import python_of
 from jupyter_client.manager import start_new_kernel
 from test_kernel_interrupts import reply_and_output
 
 from common.run.environments import ENVIRONMENTS
-from envs import python_of
 
 pytestmark = pytest.mark.environments("mxnet-chainer")
 KERNEL = ENVIRONMENTS["mxnet-chainer"].kernel
@@ -85,12 +84,7 @@ def start_worker(nodes, roles, index: int, *args: str) -> multinode.Node:
 
 def assert_ports_free(roles) -> None:
     for port in (int(roles["DMLC_PS_ROOT_PORT"]), int(roles["DMLC_PS_ROOT_PORT"]) + 1):
-        with socket.socket() as sock:
-            # as the next scheduler binds (ZeroMQ and the watch set SO_REUSEADDR): the closed connections' TIME_WAIT
-            # does not matter, a process that still listens does
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
-            sock.listen()
+        multinode.assert_port_free(port)
 
 
 def test_a_worker_that_dies_stops_the_scheduler_the_server_and_the_other_worker(nodes, roles):

@@ -54,3 +54,18 @@ def test_the_guide_is_written_atomically_where_asked(tmp_path):
     (tmp_path / "run").mkdir()
     out = workshop.main([str(make_run(tmp_path / "run")), "--out", str(tmp_path / "docs" / "workshop.md")])
     assert out.read_text().startswith("# Workshop: data vs. model parallelism")
+
+
+def test_the_guide_states_each_environments_set_up_time_and_disk_as_make_setup_recorded_them(tmp_path, monkeypatch):
+    recorded = {
+        "tools": {"build": "cpu", "seconds": 36.0, "bytes": int(0.9 * 2**30), "date": "2026-12-05", "cores": 2},
+        "pytorch": {"build": "cuda13", "seconds": 75.0, "bytes": int(5.9 * 2**30), "date": "2026-12-05", "cores": 2},
+        "tensorflow": {"build": "cpu", "seconds": 48.0, "bytes": 2 * 2**30, "date": "2026-12-05", "cores": 2},
+    }
+    monkeypatch.setattr(workshop.environments, "install_record", recorded.get)
+    text = workshop.guide(make_run(tmp_path))
+    assert "Python 3.11 and 6.8 GB free for the PyTorch notebooks" in text
+    pytorch = next(line for line in text.splitlines() if line.startswith("| `pytorch` |"))
+    assert "`PyTorch_MultiGPU`, `PyTorch_MultiGPU-Exp-Loss`" in pytorch and pytorch.endswith("| 1.2 min | 5.9 GB |")
+    assert "| `mxnet-chainer` | not installed on the machine that wrote this guide | – | – |" in text
+    assert 'make setup FRAMEWORKS="pytorch"' in text

@@ -44,8 +44,9 @@ class GPUCheck:
 def check_gpu(devices: int) -> GPUCheck:
     """Can Chainer train on GPUs here? A forward and backward pass of a small convolution on ``@cupy:0`` decides.
 
-    Chainer 7.8.1 was released for CuPy 7; requirements-gpu.txt installs CuPy 13, which removed ``cupy.cudnn``:
-    Chainer then runs without cuDNN (slower convolutions) or, where another API it uses is gone, not at all.
+    Chainer 7.8.1 was released for CuPy 7; the GPU build of this environment (envs/mxnet-chainer/cuda11.txt) gives it
+    CuPy 13, the newest that accepts numpy 1.x, with NVIDIA's cu11 libraries (cuDNN 8 among them): where an API
+    Chainer uses is gone or a library does not load, it runs without cuDNN (slower convolutions) or not at all.
     ``pure_nccl`` also needs CuPy's NCCL bindings with a NCCL library. Whatever fails is named in the message.
     """
     from chainer.backends import cuda
@@ -123,7 +124,7 @@ def mpiexec() -> str:
     local = Path(sysconfig.get_path("scripts")) / "mpiexec"
     found = str(local) if local.is_file() else shutil.which("mpiexec")
     if not found:
-        raise RuntimeError("mpiexec not found: install the MPI launcher with `pip install mpich` (requirements.txt)")
+        raise RuntimeError("mpiexec not found: the mxnet-chainer environment installs it (make setup)")
     return found
 
 

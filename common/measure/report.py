@@ -305,12 +305,51 @@ def replace_block(path, start: str, end: str, content: str) -> None:
     results.atomic_write(path, lambda file: file.write(replaced))
 
 
+SETUP_START, SETUP_END = "<!-- setup:start -->", "<!-- setup:end -->"
+
+
+def setup_table(records: dict[str, dict | None]) -> str:
+    """The set-up time and disk of each environment as ``make setup`` recorded them (``install_record``), and the
+    whole set-up's: the environments install side by side, so its time is the wall time from the first start to the
+    last end. An environment that is not installed is named as such."""
+    rows, installed = [], {name: record for name, record in records.items() if record}
+    for name, record in records.items():
+        if record is None:
+            rows.append(f"| {name} | not installed | – | – |")
+            continue
+        size = record["bytes"] / 2**30
+        rows.append(f"| {name} | {record['build']} | {record['seconds'] / 60:.1f} min | {size:.1f} GB |")
+    starts = [record["started"] for record in installed.values()]
+    ends = [record["started"] + record["seconds"] for record in installed.values()]
+    wall = (max(ends) - min(starts)) / 60 if installed else 0.0
+    disk = sum(record["bytes"] for record in installed.values()) / 2**30
+    dates = sorted({record["date"] for record in installed.values()})
+    cores = sorted({record["cores"] for record in installed.values()})
+    note = (
+        f"Recorded by `make setup` on {', '.join(dates)} ({'/'.join(map(str, cores))} cores), on a fresh clone with an "
+        "empty pip cache; the environments install side by side, so the total is the wall time of the whole set-up "
+        "(`make readme-setup` writes this table):"
+    )
+    return "\n".join(
+        [note, "", "| environment | build | set-up time | disk |", "|---|---|---|---|", *rows,
+         f"| **make setup** | | {wall:.1f} min | {disk:.1f} GB |"]
+    )  # fmt: skip
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--readme", help="update this README from the run folder given as first argument")
-    parser.add_argument("source", help="results folder (with --readme: a run folder holding results/)")
+    parser.add_argument("--setup", action="store_true", help="with --readme: the environments' set-up table only")
+    parser.add_argument("source", nargs="?", help="results folder (with --readme: a run folder holding results/)")
     parser.add_argument("out", nargs="?", help="output folder (default: the results folder's parent)")
     args = parser.parse_args(argv)
+    if args.setup:
+        from common.run.environments import ENVIRONMENTS, TOOLS, install_record
+
+        records = {name: install_record(name) for name in (TOOLS, *ENVIRONMENTS)}
+        replace_block(args.readme, SETUP_START, SETUP_END, setup_table(records))
+        print(f"updated the set-up table of {args.readme}")
+        return
     if args.readme:
         update_readme(args.readme, args.source)
         print(f"updated {args.readme} from {args.source}")

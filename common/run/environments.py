@@ -9,12 +9,14 @@ any environment exists.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".venvs"
 TOOLS = "tools"
+STAMP = ".installed"  # in each environment: what make setup installed there, and what it took
 # The oldest Linux driver each CUDA major version runs on (NVIDIA's CUDA Toolkit release notes, with minor-version
 # compatibility): make setup picks the builds a driver runs, and a notebook names it when a framework cannot use a GPU.
 MIN_DRIVER = {13: "580.65.06", 12: "525.60.13", 11: "450.80.02"}
@@ -73,6 +75,15 @@ ENVIRONMENTS = {
         ),
     )
 }
+
+
+def install_record(name: str) -> dict | None:
+    """What ``make setup`` recorded when it installed environment ``name``: its ``build``, ``digest``, the ``seconds``
+    the install took, the ``bytes`` it holds on disk, ``date`` and ``cores``; None if it is not installed."""
+    try:
+        return json.loads((VENVS / name / STAMP).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def for_notebook(notebook: str) -> Environment:

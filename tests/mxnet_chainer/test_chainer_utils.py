@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from elsewhere import python_of
 
 from common.chainer import utils as cu
 from common.chainer.imports import chainer, chainermn
@@ -14,7 +15,6 @@ from common.data import chestxray
 from common.errors import InputError
 from common.run import checkpoints, launch
 from common.run.params import IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
-from envs import python_of
 
 HERE = Path(__file__).parent
 # float32 sums of 4 vs 8 images in a different order: the weights of 1 and 2 ranks agree to about 1e-7
