@@ -160,13 +160,13 @@ def test_uneven_global_batch_is_refused_before_any_notebook_runs(tmp_path, capsy
 
 
 def test_the_setup_table_gives_each_environments_time_and_disk_and_the_whole_setups():
-    day = {"date": "2026-12-05", "cores": 2}
+    day = {"date": "2026-12-05", "cores": 2, "pip_cache_bytes": 0}
     records = {
         "tools": {"build": "cpu", "started": 1000.0, "seconds": 30.0, "bytes": 2**30, **day},
         "pytorch": {"build": "cuda13", "started": 1001.0, "seconds": 95.0, "bytes": 6 * 2**30, **day},
         "tensorflow": None,
     }
     table = report.setup_table(records)
-    assert "on 2026-12-05 (2 cores)" in table
+    assert "on 2026-12-05 (2 cores)" in table and "with 0 MB in pip's cache at the start" in table
     assert "| pytorch | cuda13 | 1.6 min | 6.0 GB |" in table and "| tensorflow | not installed | – | – |" in table
     assert table.splitlines()[-1] == "| **make setup** | | 1.6 min | 7.0 GB |", "side by side: the wall time"

@@ -325,10 +325,11 @@ def setup_table(records: dict[str, dict | None]) -> str:
     disk = sum(record["bytes"] for record in installed.values()) / 2**30
     dates = sorted({record["date"] for record in installed.values()})
     cores = sorted({record["cores"] for record in installed.values()})
+    cache = max((record.get("pip_cache_bytes", 0) for record in installed.values()), default=0) / 2**20
     note = (
-        f"Recorded by `make setup` on {', '.join(dates)} ({'/'.join(map(str, cores))} cores), on a fresh clone with an "
-        "empty pip cache; the environments install side by side, so the total is the wall time of the whole set-up "
-        "(`make readme-setup` writes this table):"
+        f"Recorded by `make setup` on {', '.join(dates)} ({'/'.join(map(str, cores))} cores), each environment built "
+        f"into an empty folder, with {cache:,.0f} MB in pip's cache at the start; the environments install side by "
+        "side, so the total is the wall time of the whole set-up (`make readme-setup` writes this table):"
     )
     return "\n".join(
         [note, "", "| environment | build | set-up time | disk |", "|---|---|---|---|", *rows,

@@ -78,8 +78,9 @@ ENVIRONMENTS = {
 
 
 def install_record(name: str) -> dict | None:
-    """What ``make setup`` recorded when it installed environment ``name``: its ``build``, ``digest``, the ``seconds``
-    the install took, the ``bytes`` it holds on disk, ``date`` and ``cores``; None if it is not installed."""
+    """What ``make setup`` recorded when it installed environment ``name``: its ``build``, ``digest``, when it
+    ``started`` and the ``seconds`` it took, the ``bytes`` it holds on disk, ``date``, ``cores`` and the bytes in pip's
+    cache when the set-up started (``pip_cache_bytes``); None if it is not installed."""
     try:
         return json.loads((VENVS / name / STAMP).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
