@@ -1,9 +1,12 @@
 # `make run` and `make test` are all a fresh machine needs: both build the environments on first use.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-# The framework environments to build, test, run and open (the tools environment always comes along):
-# make setup FRAMEWORKS="pytorch" on a workshop laptop that runs the PyTorch notebooks only.
-FRAMEWORKS ?= pytorch tensorflow mxnet-chainer
+# The framework environments to build, test, run and open (the tools environment always comes along): by default
+# those already installed, or all of them on a fresh machine. make setup FRAMEWORKS="pytorch" on a workshop laptop that
+# runs the PyTorch notebooks only; from then on make run, lab and test work with that one.
+ALL_FRAMEWORKS := pytorch tensorflow mxnet-chainer
+INSTALLED := $(strip $(foreach env,$(ALL_FRAMEWORKS),$(if $(wildcard .venvs/$(env)/.installed),$(env))))
+FRAMEWORKS ?= $(or $(INSTALLED),$(ALL_FRAMEWORKS))
 # GPU=1 forces the CUDA builds, GPU=0 the CPU ones; by default nvidia-smi decides. DRIVER=535.104.05 plans for that
 # driver instead of the installed one (a Docker build sees none).
 GPU ?= auto

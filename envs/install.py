@@ -230,6 +230,8 @@ def run(plan: Plan, cache: int = 0) -> None:
 def run_all(plans: list[Plan]) -> list[str]:
     """Install every plan at once: downloading, unpacking and writing gigabytes wait on the network and the disk more
     than on the cores. Returns the errors of those that failed."""
+    if not plans:
+        return []
     cache = pip_cache_bytes()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(plans))) as pool:
         futures = {pool.submit(run, step, cache): step for step in plans}

@@ -170,3 +170,17 @@ def test_the_setup_table_gives_each_environments_time_and_disk_and_the_whole_set
     assert "on 2026-12-05 (2 cores)" in table and "with 0 MB in pip's cache at the start" in table
     assert "| pytorch | cuda13 | 1.6 min | 6.0 GB |" in table and "| tensorflow | not installed | – | – |" in table
     assert table.splitlines()[-1] == "| **make setup** | | 1.6 min | 7.0 GB |", "side by side: the wall time"
+
+
+def test_notebooks_whose_environment_is_not_installed_are_skipped_with_the_command_that_installs_it():
+    notebooks = run.find_notebooks(None)
+    kernels = {"multigpu-pytorch", "multigpu-mxnet-chainer", "python3"}
+    kept, skipped = run.runnable(notebooks, kernels)
+    assert {path.stem for path in kept} == {
+        "PyTorch_MultiGPU", "PyTorch_MultiGPU-Exp-Loss", "PyTorch_ModelParallel", "PyTorch_Speedups",
+        "Gluon_MultiGPU", "Chainer_MultiGPU",
+    }  # fmt: skip
+    assert skipped == [
+        "Keras_Speedups, Keras_TF_MultiGPU, Tensorflow_MultiGPU: skipped, the tensorflow environment is not installed "
+        '(no kernel multigpu-tensorflow): make setup FRAMEWORKS="tensorflow"'
+    ]

@@ -99,6 +99,11 @@ def for_kernel(kernel: str) -> Environment:
     return next(env for env in ENVIRONMENTS.values() if env.kernel == kernel)
 
 
+def program(environment: str, name: str) -> str:
+    """A program of ``environment`` as a command run from the repository names it: ``.venvs/pytorch/bin/python``."""
+    return str((VENVS / environment / "bin" / name).relative_to(ROOT))
+
+
 def setup_command(*names: str) -> str:
     """The command that installs these environments (and the tools)."""
     return f'make setup FRAMEWORKS="{" ".join(names)}"'
