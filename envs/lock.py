@@ -55,11 +55,12 @@ def write_environment_yml(environment: str) -> Path:
     lock = install.lock_file(environment, install.CPU_BUILD[environment])
     pins = [line for line in lock.read_text().splitlines() if line and not line.startswith("#")]
     target = HERE / environment / "environment.yml"
+    kernel = "" if environment == "tools" else f" && python -m common.run.kernel --environment {environment} --user"
     target.write_text(
         f"# conda's route to the {environment} environment on a CPU machine: Python 3.11 and exactly the pins of\n"
         f"# {lock.relative_to(HERE.parent)} (a test keeps the two equal; GPU machines use `make setup`).\n"
         f"#   PIP_BUILD_CONSTRAINT=envs/build-constraints.txt conda env create -f {target.relative_to(HERE.parent)}\n"
-        f"#   conda activate multigpu-{environment} && pip install --no-deps -e . && python -m common.run.kernel\n"
+        f"#   conda activate multigpu-{environment} && pip install --no-deps -e .{kernel}\n"
         f"name: multigpu-{environment}\n"
         "channels:\n  - conda-forge\ndependencies:\n  - python=3.11\n  - pip\n  - pip:\n"
         + "".join(f"      - {pin}\n" for pin in pins)
