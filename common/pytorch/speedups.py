@@ -182,8 +182,8 @@ def precision_and_layout(device, batch: int, image_size: int, steps: int) -> lis
             if dtype is torch.float16 and device.type != "cuda":
                 rows.append(not_measured("precision", setting, batch, "fp16 autocast needs a GPU"))
                 continue
-            if dtype is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-                rows.append(not_measured("precision", setting, batch, "this GPU has no bf16"))
+            if dtype is torch.bfloat16 and device.type == "cuda" and not tu.native_bf16():
+                rows.append(not_measured("precision", setting, batch, "this GPU has no bf16 of its own (emulated)"))
                 continue
             data = itertools.repeat(random_batch(batch, image_size, device, layout))
             step = training_step(densenet(device, layout), data, precision, dtype=dtype)

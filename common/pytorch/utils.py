@@ -179,8 +179,14 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=mixed_dtype(device))
 
 
+def native_bf16() -> bool:
+    """Whether this GPU computes bf16 itself (Ampere, compute capability 8.0, and newer). ``is_bf16_supported()``
+    alone also counts emulation, which a T4 or V100 offers: bf16 there is slow and gets no loss scaler."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def mixed_dtype(device: torch.device) -> torch.dtype:
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and not native_bf16():
         return torch.float16
     return torch.bfloat16
 

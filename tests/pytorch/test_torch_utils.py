@@ -167,3 +167,19 @@ def test_precise_bn_replaces_the_running_statistics_by_the_batches_mean():
     batches = [(torch.full((2, 3, 4, 4), value), None) for value in (1.0, 3.0, 100.0)]
     tu.recompute_batch_norm_statistics(model, batches, 2, torch.device("cpu"), "fp32")
     assert torch.allclose(model[0].running_mean, torch.full((3,), 2.0))  # the mean of the first two batches only
+
+
+def test_mixed_precision_on_a_gpu_with_emulated_bf16_is_fp16_with_a_loss_scaler(monkeypatch):
+    """A T4 or V100 'supports' bf16 by emulation (is_bf16_supported() says yes by default): fp16 with loss scaling
+    is what runs fast there, and it needs the scaler that bf16 would not get."""
+
+    def emulated(including_emulation: bool = True) -> bool:
+        return including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", emulated)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # else GradScaler disables itself on a CPU box
+    cuda = torch.device("cuda", 0)
+    assert tu.mixed_dtype(cuda) == torch.float16 and tu.mixed_dtype(torch.device("cpu")) == torch.bfloat16
+    assert tu.grad_scaler("mixed", cuda).is_enabled() and not tu.grad_scaler("fp32", cuda).is_enabled()
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # Ampere and newer
+    assert tu.mixed_dtype(cuda) == torch.bfloat16

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from common.errors import InputError
+from common.pytorch import utils as tu
 from common.pytorch.model_parallel.split import STAGES
 
 
@@ -39,7 +38,7 @@ def check_micro_batches(micro_batches, global_batch: int, name: str = "MICRO_BAT
 
 def check_precision(precision: str, hardware) -> None:
     """Mixed precision must mean bfloat16: float16 needs loss scaling, which the pipeline schedule does not do."""
-    if precision == "mixed" and hardware.kind == "gpu" and not torch.cuda.is_bf16_supported():
+    if precision == "mixed" and hardware.kind == "gpu" and not tu.native_bf16():
         raise InputError(
             "PRECISION='mixed' means float16 on this GPU, which needs loss scaling that the pipeline schedule "
             "does not apply: set PRECISION='fp32', or use a GPU with bfloat16 (Ampere or newer)."
