@@ -13,7 +13,7 @@ GPU ?= auto
 TOOLS := .venvs/tools/bin/python
 export FRAMEWORKS
 
-.PHONY: setup run test lab lint lock prepare bench-loader bench-live readme readme-setup workshop clean
+.PHONY: setup run test lab lint lock prepare bench-loader bench-live bench-shm readme readme-setup workshop clean
 
 # Skips every environment whose lock has not changed since it was installed (envs/install.py).
 setup:
@@ -66,6 +66,10 @@ bench-loader: setup
 # Measures what the live device view costs the training it watches, in a real kernel, and writes it into README.md.
 bench-live: setup
 	$(TOOLS) -m common.measure.bench_live --readme README.md $(BENCH_ARGS)
+
+# Measures the shared memory (/dev/shm) one training process's data loader holds, and writes it into docker/README.md.
+bench-shm: setup
+	.venvs/pytorch/bin/python -m common.pytorch.shared_memory --readme docker/README.md $(BENCH_ARGS)
 
 # Copies the table of the newest runs/<timestamp>/report.md (or RUN=...) into README.md.
 readme: setup

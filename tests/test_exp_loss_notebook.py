@@ -42,6 +42,8 @@ def test_what_needs_gpus_is_recorded_as_not_measured(records):
 def test_loss_in_each_replica_gives_the_gathered_loss_and_gradients(records):
     check = records["generated"]["replica_loss_check"]
     assert check["shares"] == 2
+    # a small slice, not the global batch: two graphs of a GPU's global batch would need tens of GiB of RAM
+    assert check["images"] == 2 * check["shares"] < TINY["DEVICES"] * TINY["BATCH_SIZE_PER_DEVICE"]
     assert check["loss_difference"] < 1e-6
     assert check["gradient_max"] > 0 and check["gradient_max_difference"] <= 1e-4 * check["gradient_max"]
 
@@ -52,8 +54,9 @@ def test_loss_in_each_replica_gives_the_gathered_loss_and_gradients(records):
         ({"WAYS": ["dp-gather"]}, "needs 2 or more GPUs"),
         ({"WAYS": ["ddp", "pipeline"]}, "unknown way(s) pipeline"),
         BAD_INPUT["too-many-devices"],
+        BAD_INPUT["fewer-than-one-batch"],
     ],
-    ids=["data-parallel-without-gpus", "unknown-way", "too-many-devices"],
+    ids=["data-parallel-without-gpus", "unknown-way", "too-many-devices", "fewer-than-one-batch"],
 )
 def test_bad_input_stops_before_training(notebook_data, tmp_path, parameters, message):
     assert_stops_before_training(NOTEBOOK, notebook_data, tmp_path, parameters, message)

@@ -1,3 +1,4 @@
+import sys
 import time
 from types import SimpleNamespace
 
@@ -11,14 +12,17 @@ import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 from common.measure import monitor, plots  # noqa: E402
+from common.run import devices  # noqa: E402
 
 
 class FakeNVML:
-    """Two GPUs whose utilization (%) and used memory (MiB) follow a script, one value per sample."""
+    """GPUs whose utilization (%) and used memory (MiB) follow a script, one value per sample; a value that is an
+    exception is raised instead. GPU i has the UUID ``GPU-i``; those in ``denied`` NVML refuses (NO_PERMISSION)."""
 
-    def __init__(self, utilization, memory_mib):
+    def __init__(self, utilization, memory_mib, denied=()):
         self.utilization = {index: iter(values) for index, values in utilization.items()}
         self.memory = {index: iter(values) for index, values in memory_mib.items()}
+        self.denied = set(denied)
         self.initialized = self.shut_down = False
 
     def nvmlInit(self):
@@ -28,16 +32,40 @@ class FakeNVML:
         return len(self.utilization)
 
     def nvmlDeviceGetHandleByIndex(self, index):
+        if index in self.denied:
+            raise PermissionError("NVMLError_NoPermission")
         return index
 
+    def nvmlDeviceGetPciInfo(self, handle):
+        return SimpleNamespace(busId=f"00000000:{0x18 + handle:02X}:00.0")
+
+    def nvmlDeviceGetName(self, handle):
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{handle}"
+
     def nvmlDeviceGetUtilizationRates(self, handle):
-        return SimpleNamespace(gpu=next(self.utilization[handle]), memory=0)
+        return SimpleNamespace(gpu=scripted(self.utilization[handle]), memory=0)
 
     def nvmlDeviceGetMemoryInfo(self, handle):
-        return SimpleNamespace(used=next(self.memory[handle]) * 2**20, total=80 * 2**30)
+        memory = self.memory[handle]
+
+        class Memory:  # used: read when sampled, not when the GPUs are found
+            total, free = 80 * 2**30, 70 * 2**30
+            used = property(lambda _: scripted(memory) * 2**20)
+
+        return Memory()
 
     def nvmlShutdown(self):
         self.shut_down = True
+
+
+def scripted(values):
+    value = next(values)
+    if isinstance(value, Exception):
+        raise value
+    return value
 
 
 def two_gpus():
@@ -54,6 +82,44 @@ def test_nvml_backend_samples_every_gpu():
     assert backend.sample() == [("gpu:0", 10.0, 100.0), ("gpu:1", 90.0, 1000.0)]
     backend.close()
     assert nvml.shut_down
+
+
+def test_nvml_backend_samples_only_the_runs_gpus_labelled_in_the_runs_order():
+    nvml = FakeNVML(utilization={0: [10], 1: [20], 2: [30]}, memory_mib={0: [100], 1: [200], 2: [300]})
+    backend = monitor.NVMLBackend(nvml, uuids=("GPU-2", "GPU-0"))
+    assert backend.sample() == [("gpu:0", 30.0, 300.0), ("gpu:1", 10.0, 100.0)]
+
+
+def test_nvml_backend_leaves_out_gpus_nvml_may_not_read_and_readings_that_fail():
+    """A cluster's cgroup hides GPU 0 (NVML refuses its handle); GPU 2's reading fails once (a GPU lost, say)."""
+    nvml = FakeNVML(
+        utilization={0: [], 1: [10, 20], 2: [RuntimeError("NVMLError_GpuIsLost"), 40]},
+        memory_mib={0: [], 1: [100, 200], 2: [400]},  # not read when the utilization fails
+        denied={0},
+    )
+    backend = monitor.NVMLBackend(nvml)
+    assert backend.sample() == [("gpu:0", 10.0, 100.0)]
+    assert backend.sample() == [("gpu:0", 20.0, 200.0), ("gpu:1", 40.0, 400.0)]
+
+
+def test_a_monitor_of_a_runs_devices_watches_only_those(monkeypatch):
+    nvml = FakeNVML(utilization={0: [10] * 9, 1: [90] * 9}, memory_mib={0: [100] * 9, 1: [1000] * 9})
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    one = devices.Devices("gpu", 1, 2, ("NVIDIA H100 80GB HBM3",), 80.0, (9, 0), 70.0, ("GPU-1",))
+    with monitor.Monitor(one, interval=60) as watcher:
+        pass
+    assert watcher.summary() == {"gpu:0": {"utilization_mean_percent": 90.0, "memory_peak_mib": 1000.0}}
+    with monitor.Monitor(interval=60) as everything:  # without the run's devices: every GPU
+        pass
+    assert set(everything.summary()) == {"gpu:0", "gpu:1"}
+    simulated = devices.resolve(2, gpus=[], cores=2)  # GPUs hidden from the run (CUDA_VISIBLE_DEVICES=)
+    assert monitor.Monitor(simulated).kind == "cpu"
+
+
+def test_default_backend_falls_back_to_cpu_when_nvml_may_read_no_gpu(monkeypatch):
+    nvml = FakeNVML(utilization={0: [], 1: []}, memory_mib={0: [], 1: []}, denied={0, 1})
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert isinstance(monitor.default_backend(), monitor.CPUBackend) and nvml.shut_down
 
 
 def test_monitor_collects_rows_per_gpu_and_summarizes_means_and_peaks():

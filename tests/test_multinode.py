@@ -45,7 +45,8 @@ def test_pytorch_torchrun_two_nodes(notebook_data, tmp_path, cluster):
     endpoint = f"127.0.0.1:{multinode.free_port()}"
     nodes = []
     for node in (0, 1):  # each "host" has its own work folder, as two machines have their own disks
-        config = write_config(tmp_path / f"host{node}", notebook_data, 2, TINY)
+        # as the notebook prints it: this machine's config (one device), made the whole run's for two nodes
+        config = protocol.multinode_config(write_config(tmp_path / f"host{node}", notebook_data, 1, TINY), nodes=2)
         command = call("pytorch", "common.pytorch.utils.torchrun_multinode_command", script, 2, 1, endpoint,
                        "multinode-test", config)  # fmt: skip
         nodes.append(

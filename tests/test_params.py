@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from common.errors import InputError
@@ -54,6 +56,14 @@ def test_fill_chooses_the_gpu_batch_from_its_memory_unless_given(capsys):
         params.fill(devices.resolve(2, gpus=[], cores=2))["BATCH_SIZE_PER_DEVICE"]
         == params.CPU_DEFAULTS.BATCH_SIZE_PER_DEVICE
     )
+
+
+def test_fill_sizes_the_gpu_batch_from_the_free_memory_not_the_total():
+    """Another process holds 68 of an H100's 80 GiB: a batch for 80 would not fit the 12 left."""
+    busy = devices.resolve(1, gpus=["NVIDIA H100 80GB HBM3"], memory_gib=80.0, free_gib=12.0)
+    assert params.fill(busy, BATCH_SIZE_PER_DEVICE=None, PRECISION="fp32")["BATCH_SIZE_PER_DEVICE"] == 32
+    unknown = devices.Devices("gpu", 1, 1, ("GPU",), memory_gib=12.0)  # free memory unknown: the total
+    assert params.fill(unknown, BATCH_SIZE_PER_DEVICE=None, PRECISION="fp32")["BATCH_SIZE_PER_DEVICE"] == 32
 
 
 def test_fill_refuses_an_unknown_precision_and_records_the_one_given():
@@ -156,3 +166,21 @@ def test_fill_refuses_images_too_small_for_densenet():
 
 def test_fill_keeps_all_images_on_gpu():
     assert params.fill("gpu", MAX_IMAGES=None)["MAX_IMAGES"] is None
+
+
+def test_a_training_split_smaller_than_one_global_batch_is_refused_with_the_numbers_and_the_fixes():
+    """check.sh once ran 840 training images at 4 GPUs x 256: every framework took no step and then crashed."""
+    assert params.check_steps(840, 256, 1) == 3
+    with pytest.raises(InputError, match=r"holds 840 images, fewer than one global batch of 1024 \(256 per device x 4"):
+        params.check_steps(840, 1024, 4)
+    with pytest.raises(InputError, match="BATCH_SIZE_PER_DEVICE to 105 or less"):
+        params.check_steps(840, 1024, 4)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_the_gpu_check_sizes_its_data_so_that_every_gpu_count_takes_several_steps(gpus):
+    """tests/gpu/check.sh generates params.images_for_steps(4, 64 x GPUs) images (at least 1,200)."""
+    images = max(1200, params.images_for_steps(4, 64 * gpus))
+    train = int(images * params.TRAIN_SHARE * 0.97)  # a patient split may fall a little short of its share
+    assert params.check_steps(train, 64 * gpus, gpus) >= 4
+    assert "images_for_steps(4, $batch * $gpus)" in (Path(__file__).parent / "gpu" / "check.sh").read_text()

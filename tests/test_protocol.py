@@ -6,6 +6,7 @@ import nbformat
 import numpy as np
 import pytest
 
+from common.errors import InputError
 from common.run import devices, params, protocol
 from common.run.checkpoints import Checkpoint
 
@@ -34,6 +35,18 @@ def test_a_launch_config_round_trips_with_the_resolved_settings(tmp_path):
     assert config.loader_workers == devices.loader_workers("cpu", 2) == 1
     assert config.resume_from == str(tmp_path / "epoch-0001.pt") and config.checkpoint_dir is None
     assert config.extra == {"micro_batches": [1, 2]}  # a script's own settings, apart from the shared schema
+
+
+def test_a_run_on_two_machines_gets_the_global_batch_and_learning_rate_of_all_its_processes(tmp_path):
+    one_machine = launch(tmp_path)  # 2 processes of 16 images: a global batch of 32 at 2e-3
+    config = protocol.read_config(one_machine)
+    protocol.check_world(config, 2)
+    with pytest.raises(InputError, match="4 processes joined, making a global batch of 64"):
+        protocol.check_world(config, 4)  # the one-machine config on two machines: twice the batch, the same rate
+    whole = protocol.read_config(protocol.multinode_config(one_machine, nodes=2))
+    assert (whole.global_batch, whole.learning_rate) == (64, pytest.approx(4e-3))
+    protocol.check_world(whole, 4)
+    assert protocol.read_config(one_machine) == config, "the one-machine config stays as it was"
 
 
 def test_a_config_with_an_unknown_key_is_refused(tmp_path):

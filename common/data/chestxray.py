@@ -21,7 +21,7 @@ from common.data.image_io import read_gray
 from common.data.layout import CSV_NAME, NO_FINDING, TEST_LIST, TRAIN_VAL_LIST
 from common.data.prepare import Prepared
 from common.errors import InputError
-from common.run.params import FINDINGS
+from common.run.params import FINDINGS, TEST_SHARE, VALID_SHARE
 
 REQUIRED_COLUMNS = ("Image Index", "Finding Labels", "Patient ID")
 SPLIT_NAMES = ("train", "valid", "test")
@@ -161,7 +161,9 @@ def split_patients(patients: np.ndarray, fractions: tuple[float, float, float], 
     return np.array([SPLIT_NAMES[part_of[p]] for p in patients.tolist()])
 
 
-def assign_splits(entries: pd.DataFrame, data_dir, seed: int, valid_fraction: float = 0.1, test_fraction: float = 0.2):
+def assign_splits(
+    entries: pd.DataFrame, data_dir, seed: int, valid_fraction: float = VALID_SHARE, test_fraction: float = TEST_SHARE
+):
     """The split of every row: the official lists when present, a seeded patient-level split otherwise.
 
     With the official lists, ``test`` is ``test_list.txt`` and ``valid`` is a

@@ -18,26 +18,34 @@ import pandas as pd
 import psutil
 
 from common.measure import plots
+from common.run import devices
 
 COLUMNS = ("seconds", "device", "utilization_percent", "memory_mib")
 
 
 class NVMLBackend:
+    """The GPUs of ``uuids`` (a run's :attr:`common.run.devices.Devices.uuids`), ``gpu:0`` the first, or without
+    them every GPU that NVML can read; ``handles`` are those it found, with their labels."""
+
     kind = "gpu"
 
-    def __init__(self, nvml=None):
+    def __init__(self, nvml=None, uuids: tuple[str, ...] = ()):
         if nvml is None:
             import pynvml as nvml
         self.nvml = nvml
         nvml.nvmlInit()
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        found = {gpu.uuid: handle for gpu, handle in devices.nvml_devices(nvml)}
+        self.handles = [(f"gpu:{index}", found[uuid]) for index, uuid in enumerate(uuids or found) if uuid in found]
 
     def sample(self) -> list[tuple[str, float, float]]:
         rows = []
-        for index, handle in enumerate(self.handles):
-            utilization = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
-            memory = self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-            rows.append((f"gpu:{index}", float(utilization), float(memory)))
+        for label, handle in self.handles:
+            try:
+                utilization = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                memory = self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+            except Exception:  # NVML raises for a GPU gone or hidden since, and for a MIG slice's utilization
+                continue
+            rows.append((label, float(utilization), float(memory)))
         return rows
 
     def close(self) -> None:
@@ -69,10 +77,13 @@ class CPUBackend:
         pass
 
 
-def default_backend():
-    """NVML when it finds a GPU, the CPU fallback otherwise."""
+def default_backend(hardware=None):
+    """NVML for the GPUs of ``hardware`` (a :class:`common.run.devices.Devices`; all GPUs without it) when it finds
+    any, the CPU fallback otherwise, and for simulated devices."""
+    if hardware is not None and hardware.simulated:
+        return CPUBackend()
     try:
-        backend = NVMLBackend()
+        backend = NVMLBackend(uuids=getattr(hardware, "uuids", ()))
     except Exception:  # no pynvml, no driver: NVML raises its own error types
         return CPUBackend()
     if backend.handles:
@@ -155,14 +166,15 @@ def bar(percent: float, width: int = 20) -> str:
 
 
 class Monitor(Samples):
-    """``with Monitor() as monitor: train()``, then ``monitor.frame()``, ``summary()``, ``plot()``.
+    """``with Monitor(hardware) as monitor: train()``, then ``monitor.frame()``, ``summary()``, ``plot()``.
 
-    ``live``: show a :class:`LiveView` while it watches; None shows one inside a notebook only."""
+    ``hardware``: the run's :class:`common.run.devices.Devices`, whose devices alone it watches (without it, every GPU
+    NVML reads); ``live``: show a :class:`LiveView` while it watches; None shows one inside a notebook only."""
 
-    def __init__(self, interval: float = 0.5, backend=None, live: bool | None = None):
+    def __init__(self, hardware=None, interval: float = 0.5, backend=None, live: bool | None = None):
         super().__init__()
         self.interval = interval
-        self.backend = backend or default_backend()
+        self.backend = backend or default_backend(hardware)
         self.live = in_notebook() if live is None else live
         self._view: LiveView | None = None
         self._stop = threading.Event()

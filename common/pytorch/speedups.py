@@ -10,6 +10,7 @@ plain step computes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import time
@@ -104,6 +105,20 @@ def training_step(
     return step
 
 
+def releasing(measurement):
+    """The toolbox measures in the notebook's kernel, which lives on: after each measurement its GPU memory goes back
+    to the driver, for the processes the notebook launches next (see :func:`common.pytorch.utils.release_memory`)."""
+
+    @functools.wraps(measurement)
+    def measured(*args, **kwargs):
+        try:
+            return measurement(*args, **kwargs)
+        finally:
+            tu.release_memory()
+
+    return measured
+
+
 def measure(technique: str, setting: str, step, batch: int, steps: int, device, warmup: int = 2, **extra) -> Measured:
     """Time ``steps`` calls of ``step()`` after ``warmup`` ones timed apart; the peak memory of all of them (GPUs)."""
     if device.type == "cuda":
@@ -116,6 +131,7 @@ def measure(technique: str, setting: str, step, batch: int, steps: int, device, 
     return Measured(technique, setting, batch, steps * batch / seconds, first, peak, None, began, time.time(), extra)
 
 
+@releasing
 def sweep_batches(make_step, batches, device, steps: int, technique: str) -> list[Measured]:
     """Images/s and peak memory at each of ``batches`` (ascending), stopping at the first that does not fit: the
     largest batch is found, not guessed. ``make_step(batch)`` builds the step."""
@@ -169,6 +185,7 @@ def predicted_efficiency(step_seconds: float, gradient_bytes: float, devices: in
 # ---------------------------------------------------------------- the notebook's sections
 
 
+@releasing
 def precision_and_layout(device, batch: int, image_size: int, steps: int) -> list[Measured]:
     """fp32, bf16 autocast and fp16 with loss scaling, each in the default layout and in channels_last."""
     rows = []
@@ -191,6 +208,7 @@ def precision_and_layout(device, batch: int, image_size: int, steps: int) -> lis
     return rows
 
 
+@releasing
 def compilers(device, batch: int, image_size: int, steps: int, precision: str, modes, why_not) -> list[Measured]:
     """Eager against ``torch.compile`` in each of ``modes``; the compilation shows as ``first_steps_seconds``."""
     data = itertools.repeat(random_batch(batch, image_size, device))
@@ -205,6 +223,7 @@ def compilers(device, batch: int, image_size: int, steps: int, precision: str, m
     return rows
 
 
+@releasing
 def memory_for_speed(
     device, batch: int, image_size: int, steps: int, precision: str, accumulation: int, batches
 ) -> list[Measured]:
@@ -241,6 +260,7 @@ def memory_for_speed(
     return rows + sweep_batches(checkpointed, batches, device, steps, "checkpointing")
 
 
+@releasing
 def autotuning(device, batch: int, image_size: int, steps: int, precision: str) -> list[Measured]:
     """cuDNN's kernel search on and off: what the first steps cost and the steady state gains."""
     if device.type != "cuda":
@@ -257,6 +277,7 @@ def autotuning(device, batch: int, image_size: int, steps: int, precision: str) 
     return rows
 
 
+@releasing
 def profile(device, batch: int, image_size: int, precision: str, folder, steps: int = 3):
     """``torch.profiler`` over ``steps`` steps after two unprofiled ones: the top operators by device time (CPU time on
     a CPU), and the Chrome trace written into ``folder`` (apart from the results records), its path returned."""
@@ -289,6 +310,7 @@ def profile(device, batch: int, image_size: int, precision: str, folder, steps: 
     return top.set_index("operator").round(3), trace_path
 
 
+@releasing
 def check_arithmetic(device, accumulation: int, compile_mode: str | None = None, batch: int = 8, size: int = 32):
     """Each trick's step against the plain one on one small batch: the largest gradient difference relative to the
     largest gradient (accumulation, checkpointing), and the loss difference (a compiler)."""
@@ -374,6 +396,7 @@ def communication_lines(communication: list[Measured]) -> list[str]:
     return lines
 
 
+@releasing
 def input_pipeline(split, device, batch: int, image_size: int, steps: int, precision: str, workers) -> list[Measured]:
     """The training step fed by a ``DataLoader`` over ``split`` with each number of ``workers``, then at the most
     workers with pinned memory (GPUs) and with a deeper prefetch."""
@@ -384,7 +407,10 @@ def input_pipeline(split, device, batch: int, image_size: int, steps: int, preci
             batch_size=batch, shuffle=True, drop_last=True, num_workers=loader_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor if loader_workers else None, persistent_workers=loader_workers > 0,
         )  # fmt: skip
-        batches = ((images, labels) for images, labels, _ in itertools.chain.from_iterable(itertools.repeat(data)))
+        batches = (
+            (tu.to_model_input(images, device), labels)
+            for images, labels, _ in itertools.chain.from_iterable(itertools.repeat(data))
+        )
         return training_step(densenet(device), batches, precision)
 
     rows = [measure("input pipeline", f"{n} workers", fed(n), batch, steps, device, workers=n) for n in workers]
@@ -397,6 +423,7 @@ def input_pipeline(split, device, batch: int, image_size: int, steps: int, preci
     return rows
 
 
+@releasing
 def in_ram(device, batch: int, image_size: int, steps: int, precision: str) -> Measured:
     """The baseline every technique is compared with: the plain step on one batch held in device memory."""
     step = training_step(densenet(device), itertools.repeat(random_batch(batch, image_size, device)), precision)

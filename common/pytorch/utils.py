@@ -7,6 +7,8 @@ does not import torch).
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import itertools
 import os
 import random
@@ -113,13 +115,12 @@ def launch_env(nproc: int) -> dict[str, str]:
 
 
 class ChestXrayDataset(torch.utils.data.Dataset):
-    """One image of a :class:`common.data.chestxray.Split` as a 1-channel uint8 tensor, augmented, then repeated into 3
-    channels.
+    """One image of a :class:`common.data.chestxray.Split` as a 1-channel uint8 tensor, augmented.
 
     The pixels come from the prepared copy or the PNG (:meth:`~common.data.chestxray.Split.pixels`), the same in every
-    framework. Working on one channel until the end makes the crop and resize three times cheaper than converting
-    to RGB first. Items are (image, labels, index); the index lets evaluation drop the duplicates that
-    DistributedSampler pads with.
+    framework. They stay uint8 and gray until they are on the device (:func:`to_model_input`): a batch crosses the
+    loader's shared memory and the host-to-device copy in a twelfth of the bytes of three float32 channels. Items are
+    (image, labels, index); the index lets evaluation drop the duplicates that DistributedSampler pads with.
     """
 
     def __init__(self, split, transform):
@@ -133,30 +134,28 @@ class ChestXrayDataset(torch.utils.data.Dataset):
         return self.transform(image), self.labels[index], index
 
 
-def _gray_to_rgb(image: torch.Tensor) -> torch.Tensor:
-    return image.expand(3, -1, -1)
-
-
-def _to_normalized_rgb():
-    return [
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Lambda(_gray_to_rgb),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ]
-
-
 def train_transform(image_size: int) -> v2.Compose:
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(image_size, scale=CROP_SCALE, antialias=True),
-            v2.RandomHorizontalFlip(),
-            *_to_normalized_rgb(),
-        ]
-    )
+    return v2.Compose([v2.RandomResizedCrop(image_size, scale=CROP_SCALE, antialias=True), v2.RandomHorizontalFlip()])
 
 
 def eval_transform(image_size: int) -> v2.Compose:
-    return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size), *_to_normalized_rgb()])
+    return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
+
+
+@functools.cache
+def _imagenet_statistics(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(torch.tensor(values, device=device).view(1, 3, 1, 1) for values in (IMAGENET_MEAN, IMAGENET_STD))
+
+
+def to_model_input(
+    images: torch.Tensor, device: torch.device, layout: torch.memory_format = torch.contiguous_format
+) -> torch.Tensor:
+    """A loader's batch of uint8 gray images (N, 1, H, W) as the model's input on ``device``: copied first, then
+    scaled to [0, 1], repeated into the three channels that ImageNet-pretrained weights expect and normalized with
+    ImageNet's statistics there, in ``layout``."""
+    images = images.to(device, non_blocking=True).float().div_(255)
+    mean, std = _imagenet_statistics(device)
+    return ((images - mean) / std).contiguous(memory_format=layout)  # (N, 1, ...) against (1, 3, ...): 3 channels
 
 
 def build_densenet121(num_classes: int = NUM_CLASSES, pretrained: bool = False) -> nn.Module:
@@ -238,7 +237,7 @@ def predict_all(
     model.eval()
     scores, labels, indices = [], [], []
     for images, targets, index in loader:
-        images = images.to(process.device, non_blocking=True, memory_format=layout)
+        images = to_model_input(images, process.device, layout)
         with autocast(precision, process.device):
             logits = model(full_batch(images, loader.batch_size))[: len(images)]
         scores.append(torch.sigmoid(logits.float()))
@@ -267,9 +266,7 @@ def recompute_batch_norm_statistics(
 ) -> None:
     """ "Precise BN": the mean statistics of ``batches`` batches of ``loader`` replace the running averages
     (``torch.optim.swa_utils.update_bn``), computed as training computes: the same precision and memory layout."""
-    images = (
-        batch[0].to(device, non_blocking=True, memory_format=layout) for batch in itertools.islice(loader, batches)
-    )
+    images = (to_model_input(batch[0], device, layout) for batch in itertools.islice(loader, batches))
     with autocast(precision, device):
         update_bn(images, model, device)
 
@@ -314,6 +311,15 @@ def images_per_second(step, batch_size: int, steps: int, devices, phases=None) -
     return steps * batch_size / timed_steps(step, steps, lambda _: synchronize(devices), phases)
 
 
+def release_memory() -> None:
+    """Give the GPU memory that this process's caching allocator keeps back to the driver. A notebook's kernel lives
+    on after its own GPU work (a check, a measurement, an evaluation), and the processes it launches next need the
+    memory; they cannot take what the kernel's allocator holds."""
+    gc.collect()  # autograd graphs and closures in reference cycles hold tensors until collected
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def synchronize(devices) -> None:
     """Wait for the queued work of each CUDA device in ``devices`` (``torch.device``s or GPU indices)."""
     for device in devices:
@@ -333,16 +339,18 @@ def time_steps(
     phases=None,
 ) -> float:
     """Images per second of all processes together: ``steps`` training steps on one fixed random batch held in
-    device memory, ``batch_size`` images in each of the process group's processes (or in this one)."""
-    images = torch.randn(batch_size, 3, image_size, image_size, device=device).to(memory_format=layout)
+    device memory, ``batch_size`` images in each of the process group's processes (or in this one). The batch is
+    uint8 gray, as the loaders send it: each step makes it the model's input on the device, as training does."""
+    images = torch.randint(0, 256, (batch_size, 1, image_size, image_size), dtype=torch.uint8, device=device)
     targets = torch.randint(0, 2, (batch_size, NUM_CLASSES), device=device).float()
     loss_fn = nn.BCEWithLogitsLoss()
     scaler = grad_scaler(precision, device)
 
     def step():
         return optimizer_step(
-            lambda x, y: loss_fn(model(x).float(), y), images, targets, optimizer, scaler, precision, device
-        )
+            lambda x, y: loss_fn(model(to_model_input(x, device, layout)).float(), y),
+            images, targets, optimizer, scaler, precision, device,
+        )  # fmt: skip
 
     processes = dist.get_world_size() if dist.is_initialized() else 1
     return processes * images_per_second(step, batch_size, steps, [device], phases)

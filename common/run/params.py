@@ -7,6 +7,7 @@ in a workshop can run every notebook end to end.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from common.errors import InputError
@@ -37,6 +38,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # RandomResizedCrop keeps at least this share of the image: a finding at the
 # edge of the lung field should not be cropped away half of the time.
 CROP_SCALE = (0.7, 1.0)
+
+# The patient split's shares of the images (common.data.chestxray.assign_splits); training gets the rest.
+VALID_SHARE, TEST_SHARE = 0.1, 0.2
+TRAIN_SHARE = 1 - VALID_SHARE - TEST_SHARE
 
 # DenseNet-121 downsamples by 32: smaller inputs vanish before the classifier.
 MIN_IMAGE_SIZE = 32
@@ -123,10 +128,12 @@ def fill(hardware, **given) -> dict:
     parameters, such as the learning rate, included), refuses values that
     cannot train (``PRECISION`` among them), and prints which defaults applied,
     so a CPU user sees that the run is a shrunken demo and not the benchmark.
-    On GPUs whose memory is known (the smallest of them), the default
-    per-device batch is the one that fits it (:func:`gpu_batch_size`).
+    On GPUs whose memory is known, the default per-device batch is the one that fits the smallest free memory among
+    them (:func:`gpu_batch_size`): what the kernel or another process holds is not there for training.
     """
-    device_kind, memory_gib = getattr(hardware, "kind", hardware), getattr(hardware, "memory_gib", None)
+    device_kind = getattr(hardware, "kind", hardware)
+    # what the batch may fill is the memory left free (by the driver, other processes), not the total
+    memory_gib = getattr(hardware, "free_gib", None) or getattr(hardware, "memory_gib", None)
     precision = check_precision(given.get("PRECISION", "fp32"))
     base = asdict(defaults(device_kind))
     if device_kind == "gpu" and memory_gib:
@@ -172,6 +179,30 @@ def global_batch(batch_size_per_device: int, devices: int) -> int:
     check_positive_int("BATCH_SIZE_PER_DEVICE", batch_size_per_device)
     check_positive_int("DEVICES", devices)
     return batch_size_per_device * devices
+
+
+def check_steps(train_images: int, global_batch: int, devices: int) -> int:
+    """The training steps of one epoch (the last partial batch is dropped in every framework); refuses a run whose
+    training split holds less than one global batch, naming the numbers and the fixes. Called as soon as the split is
+    made (:func:`common.data.chestxray.load`), before any training: :func:`fill` cannot know how many images a folder
+    holds or how its patients split."""
+    steps = train_images // global_batch
+    if steps == 0:
+        per_device = global_batch // devices
+        raise InputError(
+            f"The training split holds {train_images} images, fewer than one global batch of {global_batch} "
+            f"({per_device} per device x {devices} device(s)): an epoch would take no step. Set BATCH_SIZE_PER_DEVICE "
+            f"to {max(1, train_images // devices // 2)} or less (two steps or more), use fewer DEVICES, or raise "
+            f"MAX_IMAGES to {images_for_steps(1, global_batch)} or more (the training split is about "
+            f"{TRAIN_SHARE:.0%} of the images; None uses all of them)."
+        )
+    return steps
+
+
+def images_for_steps(steps: int, global_batch: int) -> int:
+    """The ``MAX_IMAGES`` (rounded up to hundreds) whose training split takes about ``steps`` steps of ``global_batch``
+    per epoch; the split is by patient, so a margin of 5% keeps the count from falling just short."""
+    return math.ceil(steps * global_batch / TRAIN_SHARE * 1.05 / 100) * 100
 
 
 def per_device_batch(global_batch_size: int, devices: int) -> int:

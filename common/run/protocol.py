@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import InputError
 from common.measure import results
 from common.run import devices, params
 
@@ -55,11 +56,40 @@ class Config:
     extra: dict = dataclasses.field(default_factory=dict)  # what one notebook's script alone needs
 
 
-def write_config(config: Config) -> Path:
-    """``<work_dir>/config.json``; returns its path, the launched script's argument."""
-    path = Path(config.work_dir) / CONFIG
+def write_config(config: Config, name: str = CONFIG) -> Path:
+    """``<work_dir>/config.json`` (or ``name``); returns its path, the launched script's argument."""
+    path = Path(config.work_dir) / name
     results.atomic_write(path, lambda file: json.dump(dataclasses.asdict(config), file, indent=1))
     return path
+
+
+def multinode_config(config_file, nodes: int) -> Path:
+    """The config of the same run on ``nodes`` machines like this one, read by every process of all of them.
+
+    The scaling rule holds for the whole run: the global batch grows with the processes of every machine, and the
+    learning rate with it (linearly, :func:`common.run.params.learning_rate`). Returns the path of
+    ``config-<nodes>-nodes.json`` beside ``config_file``.
+    """
+    params.check_positive_int("nodes", nodes)
+    config = read_config(config_file)
+    whole = dataclasses.replace(
+        config, global_batch=config.global_batch * nodes, learning_rate=config.learning_rate * nodes
+    )
+    return write_config(whole, f"config-{nodes}-nodes.json")
+
+
+def check_world(config: Config, world_size: int) -> None:
+    """Stop a launched process whose world is not the one its config was written for: each process keeps its batch,
+    so ``world_size`` processes make a global batch of ``world_size`` batches, and the learning rate was scaled to the
+    config's global batch. On several machines, the config of the whole run comes from :func:`multinode_config`."""
+    joined = config.batch_size_per_device * world_size
+    if joined != config.global_batch:
+        raise InputError(
+            f"{world_size} processes joined, making a global batch of {joined} ({config.batch_size_per_device} each), "
+            f"but this config was written for a global batch of {config.global_batch} and its learning rate: on "
+            "several machines, give every process the config of the whole run, protocol.multinode_config(config, "
+            "nodes) (the notebook's 'More than one machine' cell prints the commands with it)."
+        )
 
 
 def launch_config(

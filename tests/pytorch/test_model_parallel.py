@@ -303,3 +303,14 @@ def test_gloo_pipeline_matches_one_device_on_the_same_micro_batches(tmp_path):
     assert merged["max_abs_parameter_update"] > 1e-4
     # BatchNorm over the whole batch differs from per-micro-batch statistics by far more than rounding
     assert merged["max_abs_loss_difference_to_full_batch"] > 10 * parallel.EQUIVALENCE_TOLERANCE
+
+
+def test_timing_the_stages_in_the_kernel_leaves_the_device_and_releases_its_memory(monkeypatch):
+    """The notebook's kernel times the stages on GPU 0, then launches processes that need that GPU's memory."""
+    released = []
+    monkeypatch.setattr(tu, "release_memory", lambda: released.append(True))
+    stages = parallel.split_densenet(tu.build_densenet121())
+    seconds = parallel.stage_seconds(stages, 2, 32, "fp32", torch.device("cpu"), repeats=1)
+    assert len(seconds) == parallel.STAGES and all(s > 0 for s in seconds)
+    assert released, "the allocator's cache goes back to the driver"
+    assert all(p.device.type == "cpu" and p.grad is None for stage in stages for p in stage.parameters())

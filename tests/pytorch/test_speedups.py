@@ -80,3 +80,11 @@ def test_what_each_technique_bought_compares_its_fastest_setting_with_the_baseli
     bought = toolbox.what_each_bought(rows, baseline)
     assert bought.loc["precision", "fastest setting"] == "bf16" and bought.loc["precision", "speed-up"] == 1.5
     assert list(bought.index) == ["precision"]  # two devices are not a trick of one device
+
+
+def test_each_measurement_in_the_kernel_releases_the_device_memory_it_used(monkeypatch):
+    """The toolbox measures in the notebook's kernel; the communication processes it launches next need the GPU."""
+    released = []
+    monkeypatch.setattr(sp.tu, "release_memory", lambda: released.append(True))
+    sp.in_ram(torch.device("cpu"), batch=2, image_size=32, steps=1, precision="fp32")
+    assert released == [True]

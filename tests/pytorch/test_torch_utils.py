@@ -7,6 +7,7 @@ import pytest
 import torch
 from png_modes import HEIGHT, MODES, WIDTH, write
 from torch.utils.data import DataLoader
+from torchvision.transforms import v2
 
 from common.data import chestxray
 from common.data.chestxray import Split
@@ -14,6 +15,7 @@ from common.errors import InputError
 from common.measure.phases import Phases
 from common.pytorch import utils as tu
 from common.run import checkpoints
+from common.run.params import IMAGENET_MEAN, IMAGENET_STD
 
 
 def test_gpus_this_torch_cannot_use_stop_the_notebook_before_training(monkeypatch):
@@ -48,12 +50,20 @@ def splits(standin):
     return chestxray.load(standin, seed=0)
 
 
-def test_train_and_eval_transforms_give_normalized_three_channel_images(splits):
+def test_loaders_send_uint8_gray_images_that_become_normalized_three_channels_on_the_device(splits):
+    """A twelfth of the bytes through shared memory and the host-to-device copy; the model sees what it saw when the
+    loader workers converted to float RGB and normalized (torchvision's ToDtype, three channels, Normalize)."""
     dataset = tu.ChestXrayDataset(splits["train"], tu.train_transform(24))
     image, labels, index = dataset[3]
-    assert image.shape == (3, 24, 24) and image.dtype == torch.float32
+    assert image.shape == (1, 24, 24) and image.dtype == torch.uint8
     assert torch.equal(labels, torch.as_tensor(splits["train"].labels[3])) and index == 3
-    assert -3 < image.mean() < 3 and image.std() > 0.1  # ImageNet-normalized, not raw 0..255
+    batch = torch.stack([image, dataset[4][0]])
+    model_input = tu.to_model_input(batch, torch.device("cpu"), torch.channels_last)
+    on_workers = v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)(
+        v2.ToDtype(torch.float32, scale=True)(batch).expand(-1, 3, -1, -1)
+    )
+    assert model_input.shape == (2, 3, 24, 24) and model_input.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(model_input, on_workers)
     evaluated, _, _ = tu.ChestXrayDataset(splits["test"], tu.eval_transform(24))[0]
     again, _, _ = tu.ChestXrayDataset(splits["test"], tu.eval_transform(24))[0]
     assert torch.equal(evaluated, again)  # evaluation is deterministic
@@ -164,9 +174,10 @@ def test_time_steps_records_its_warm_up_and_timed_steps_as_phases():
 
 def test_precise_bn_replaces_the_running_statistics_by_the_batches_mean():
     model = torch.nn.Sequential(torch.nn.BatchNorm2d(3))
-    batches = [(torch.full((2, 3, 4, 4), value), None) for value in (1.0, 3.0, 100.0)]
+    batches = [(torch.full((2, 1, 4, 4), value, dtype=torch.uint8), None) for value in (10, 30, 200)]
     tu.recompute_batch_norm_statistics(model, batches, 2, torch.device("cpu"), "fp32")
-    assert torch.allclose(model[0].running_mean, torch.full((3,), 2.0))  # the mean of the first two batches only
+    mean_of_first_two = (20 / 255 - torch.tensor(IMAGENET_MEAN)) / torch.tensor(IMAGENET_STD)  # as the model sees them
+    torch.testing.assert_close(model[0].running_mean, mean_of_first_two)
 
 
 def test_mixed_precision_on_a_gpu_with_emulated_bf16_is_fp16_with_a_loss_scaler(monkeypatch):
@@ -183,3 +194,14 @@ def test_mixed_precision_on_a_gpu_with_emulated_bf16_is_fp16_with_a_loss_scaler(
     assert tu.grad_scaler("mixed", cuda).is_enabled() and not tu.grad_scaler("fp32", cuda).is_enabled()
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # Ampere and newer
     assert tu.mixed_dtype(cuda) == torch.bfloat16
+
+
+def test_releasing_memory_empties_the_cuda_cache_once_cuda_is_in_use(monkeypatch):
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    tu.release_memory()  # a CPU process: nothing to give back, and CUDA is not initialized by asking
+    assert not emptied
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    tu.release_memory()
+    assert emptied == [True]

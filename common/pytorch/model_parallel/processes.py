@@ -62,8 +62,15 @@ def evaluate_assembled(
         splits["train"], tu.train_transform(image_size), batch, process, shuffle=True, seed=seed, workers=workers
     )
     with torch.no_grad():
-        update_bn(itertools.islice(train, batch_norm_batches), model, device)
+        update_bn(
+            (tu.to_model_input(images, device) for images, *_ in itertools.islice(train, batch_norm_batches)),
+            model,
+            device,
+        )
     test = tt.sharded_loader(
         splits["test"], tu.eval_transform(image_size), batch, process, shuffle=False, seed=seed, workers=workers
     )
-    return tu.predict_all(model, test, process, precision)
+    scored = tu.predict_all(model, test, process, precision)
+    model.to("cpu")  # the notebook's kernel keeps the model; the benchmark launched next needs the device's memory
+    tu.release_memory()
+    return scored

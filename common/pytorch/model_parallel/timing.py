@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from common.pytorch import utils as tu
-from common.pytorch.model_parallel.pipeline import bce_loss
+from common.pytorch.model_parallel.pipeline import bce_loss, random_batch
 from common.pytorch.model_parallel.split import STAGES
 
 
@@ -115,12 +115,16 @@ def stage_input(stages, index: int, images: torch.Tensor) -> torch.Tensor:
     return torch.randn((len(images), *shape[1:]), generator=generator).to(images.device)
 
 
-def stage_seconds(stages, images: torch.Tensor, labels: torch.Tensor, precision: str, repeats: int = 2) -> list[float]:
-    """Forward and backward seconds of each stage on the whole batch, on the batch's device.
+def stage_seconds(
+    stages, batch: int, image_size: int, precision: str, device: torch.device, seed: int = 0, repeats: int = 2
+) -> list[float]:
+    """Forward and backward seconds of each stage on a random batch of ``batch`` images, on ``device``.
 
     Parameters say how much memory a stage needs; these times say how much work: the pipeline runs at the
-    pace of the slower stage.
+    pace of the slower stage. It runs in the notebook's kernel, so the batch and the stages leave the device
+    afterwards and the memory is released: the launches that follow need it.
     """
+    images, labels = random_batch(batch, image_size, seed, device)
     seconds = []
     for index, stage in enumerate(stages):
         x = stage_input(stages, index, images)
@@ -128,6 +132,10 @@ def stage_seconds(stages, images: torch.Tensor, labels: torch.Tensor, precision:
         step = stage_alone_step(stage, index, x, labels, 1, precision)
         seconds.append(seconds_per_step(step, repeats, [images.device], together=False, warmup=1))
         stage.zero_grad(set_to_none=True)
+        del x, step
+        stage.to("cpu")
+    del images, labels
+    tu.release_memory()
     return seconds
 
 
