@@ -101,3 +101,39 @@ def test_the_splits_read_the_prepared_copy_and_a_training_process_only_opens_it(
     assert test.prepared is not None and list(opened["test"].rows) == list(test.rows)
     np.testing.assert_array_equal(test.pixels(2), prepare.shrink(open_gray(test.paths[2]), SIZE))
     assert chestxray.load(standin_copy)["test"].pixels(2).shape == (32, 32)  # without: the PNG itself
+
+
+def test_a_prepared_copy_cut_short_is_rebuilt_with_a_message_and_refused_to_a_training_process(standin_copy, capsys):
+    """A full disk or a copy killed midway: trusted, it killed training with 'mmap length is greater than file size'."""
+    paths = image_paths(standin_copy)
+    prepared = prepare.ensure(standin_copy, paths, SIZE, workers=1)
+    images = prepared.folder / "images.u8"
+    os.truncate(images, images.stat().st_size // 2)
+    assert prepare.find(standin_copy, paths, SIZE) is None
+    with pytest.raises(InputError, match="no valid prepared copy"):  # a launched process only opens the copy
+        chestxray.load(standin_copy, None, 0, check=False, prepared_size=SIZE)
+    capsys.readouterr()
+    rebuilt = prepare.ensure(standin_copy, paths, SIZE, workers=1)
+    assert f"images.u8 holds {len(paths) * SIZE * SIZE // 2:,} bytes" in capsys.readouterr().out
+    np.testing.assert_array_equal(rebuilt.pixels(len(paths) - 1), prepare.shrink(open_gray(paths[-1]), SIZE))
+
+
+def test_make_prepare_checks_every_pixel_and_prepares_again_the_chunks_that_differ(standin_copy, capsys):
+    """A copy moved between disks keeps its length but not always its bytes: only the digests written at prepare time
+    tell; the cheap check that every notebook runs does not read the pixels."""
+    paths = image_paths(standin_copy)
+    prepared = prepare.ensure(standin_copy, paths, SIZE, workers=1)
+    row = len(paths) - 2
+    pixels = np.memmap(prepared.folder / "images.u8", np.uint8, "r+", shape=(len(paths), SIZE, SIZE))
+    pixels[row] = 255 - pixels[row]
+    pixels.flush()
+    assert prepare.find(standin_copy, paths, SIZE) is not None  # the cheap check cannot see it
+    capsys.readouterr()
+    checked = prepare.ensure(standin_copy, paths, SIZE, workers=1, verify=True)
+    chunk = prepare.chunk_size(len(paths))
+    assert (
+        f"differs from the digests it was prepared with in 1 chunk(s) of {chunk} images (rows {row // chunk * chunk})"
+        in (capsys.readouterr().out)
+    )
+    np.testing.assert_array_equal(checked.pixels(row), prepare.shrink(open_gray(paths[row]), SIZE))
+    assert not prepare._differing_chunks(checked.folder, len(paths), SIZE)

@@ -1,5 +1,6 @@
 """``python -m common.data prepare DATA_DIR [--image-size 224]`` (``make prepare``): check every image of a
-ChestX-ray14 folder once and write the copy that every notebook trains from."""
+ChestX-ray14 folder once and write the copy that every notebook trains from; a copy already there has every pixel
+checked against the digests it was written with (a copy moved between disks), and what differs is prepared again."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def main(argv=None) -> None:
     size = params.prepared_size(args.image_size)
     paths = chestxray.locate_images(args.data_dir, chestxray.read_entries(args.data_dir)["Image Index"].tolist())
     start = time.perf_counter()
-    prepared = prepare.ensure(args.data_dir, paths, size, args.workers)
+    prepared = prepare.ensure(args.data_dir, paths, size, args.workers, verify=True)
     seconds = time.perf_counter() - start
     print(f"{prepared.folder}: {len(prepared.names):,} images at {size} px, ready in {seconds:.1f} s")
 

@@ -7,7 +7,10 @@ one decode rule of :mod:`common.data.image_io`, naming every unreadable file), r
 size and crops the centre square, and writes the pixels into ``images.u8``, one uint8 array of N x S x S on disk that
 every framework reads by row (``numpy.memmap``: the operating system caches what fits, and a row is one contiguous
 read). A later run trusts the prepared copy after a cheap check: the file names, sizes and modification times it was
-made from, recorded in its manifest.
+made from, recorded in its manifest, and the size of ``images.u8`` (a full disk or a copy cut short leaves it shorter:
+rebuilt with a message). The manifest also holds a sha256 of every chunk of rows, written as the chunk was prepared:
+``make prepare`` (``verify=True``) reads every pixel against them, for a copy that moved between disks, and prepares
+again the chunks that differ.
 
 Nothing half-done is trusted: the manifest is written last (whole, or not at all), a prepared folder without it is
 never read, and an interrupted prepare resumes where it stopped (each finished chunk of images leaves a marker).
@@ -36,7 +39,7 @@ from common.data.layout import cache_root
 from common.errors import InputError
 from common.run import devices
 
-FORMAT = 2  # bumped when the layout or the resize rule changes: older prepared copies are then rebuilt
+FORMAT = 3  # bumped when the layout or the resize rule changes: older prepared copies are then rebuilt
 MANIFEST = "manifest.json"
 
 
@@ -87,29 +90,68 @@ def folder_for(data_dir, size: int) -> Path:
 
 
 def find(data_dir, paths: list[str], size: int) -> Prepared | None:
-    """The valid prepared copy of ``paths`` at ``size``, or None: missing, unfinished, or made from other files."""
+    """The valid prepared copy of ``paths`` at ``size``, or None: missing, unfinished, made from other files, or with
+    an ``images.u8`` of another length than its manifest says."""
     folder = folder_for(data_dir, size)
     manifest = _read_json(folder / MANIFEST)
-    if manifest is None or not _matches(manifest, paths, size):
+    if manifest is None or not _matches(manifest, paths, size) or _length_problem(folder, len(paths), size):
         return None
     return Prepared(folder, tuple(manifest["names"]), size)
 
 
-def ensure(data_dir, paths: list[str], size: int, workers: int | None = None) -> Prepared:
-    """The prepared copy of ``paths`` at ``size``: the valid one, or one made now (with a progress bar).
+def ensure(data_dir, paths: list[str], size: int, workers: int | None = None, verify: bool = False) -> Prepared:
+    """The prepared copy of ``paths`` at ``size``: the valid one, or one made now (with a progress bar); with
+    ``verify``, every pixel of a valid one is also checked against the manifest's chunk digests, and the chunks that
+    differ are prepared again.
 
     Raises :class:`InputError` naming the unreadable images, and writes no manifest then.
     """
     found = find(data_dir, paths, size)
-    if found is not None:
+    if found is not None and not verify:
         return found
     folder = folder_for(data_dir, size)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
         found = find(data_dir, paths, size)  # another process may have finished it while this one waited
+        if found is not None and verify:
+            differing = _differing_chunks(folder, len(paths), size)
+            if differing:
+                print(
+                    f"{folder}/images.u8 differs from the digests it was prepared with in {len(differing)} chunk(s) "
+                    f"of {chunk_size(len(paths))} images (rows {', '.join(str(start) for start in differing[:5])}"
+                    f"{' ...' if len(differing) > 5 else ''}): preparing them again.",
+                    flush=True,
+                )
+                for start in differing:
+                    (folder / "done" / f"{start:09d}").unlink(missing_ok=True)
+                found = None
         if found is not None:
             return found
         return _build(folder, paths, size, workers or devices.cpu_cores())
+
+
+def _length_problem(folder: Path, images: int, size: int) -> str | None:
+    """Why ``images.u8`` cannot hold ``images`` rows of ``size`` x ``size``, or None when its length is right."""
+    expected = images * size * size
+    try:
+        actual = (folder / "images.u8").stat().st_size
+    except OSError:
+        return "images.u8 is missing"
+    if actual == expected:
+        return None
+    return f"images.u8 holds {actual:,} bytes where {images:,} images of {size} x {size} px take {expected:,}"
+
+
+def _digest(images: np.ndarray, start: int, count: int) -> str:
+    return hashlib.sha256(images[start : start + count].tobytes()).hexdigest()
+
+
+def _differing_chunks(folder: Path, images: int, size: int) -> list[int]:
+    """The first rows of the chunks whose pixels no longer match the digests in the manifest."""
+    digests = _read_json(folder / MANIFEST)["digests"]
+    pixels = np.memmap(folder / "images.u8", np.uint8, "r", shape=(images, size, size))
+    chunk = chunk_size(images)
+    return [start for start in range(0, images, chunk) if _digest(pixels, start, chunk) != digests[str(start)]]
 
 
 def _matches(manifest: dict, paths: list[str], size: int) -> bool:
@@ -142,8 +184,11 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
     chunk = chunk_size(len(paths))
     stale = _read_json(folder / MANIFEST)
     (folder / MANIFEST).unlink(missing_ok=True)  # first: from here on the folder is not trusted
-    if _read_json(folder / "plan.json") != plan:  # another data set or size: what was done does not count
-        if stale is not None:
+    shortened = (folder / "images.u8").exists() and _length_problem(folder, len(paths), size)
+    if _read_json(folder / "plan.json") != plan or shortened:  # what was done does not count
+        if shortened:  # a full disk, or a copy cut short: which rows survived cannot be told
+            print(f"{folder}: {shortened} (a full disk, or a copy cut short?): rebuilding it.")
+        elif stale is not None:
             print(f"{folder} was prepared from other files or at another size: rebuilding it.")
         shutil.rmtree(folder / "done", ignore_errors=True)
         (folder / "images.u8").unlink(missing_ok=True)
@@ -171,11 +216,11 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
                 pool.submit(_prepare_chunk, str(folder), shape, start, paths[start : start + chunk]) for start in chunks
             ]
             for future in futures:
-                start, failed = future.result()
+                start, failed, digest = future.result()
                 if failed:
                     unreadable += failed
-                else:
-                    (folder / "done" / f"{start:09d}").touch()
+                else:  # the marker keeps the chunk's digest for the manifest, across interruptions
+                    (folder / "done" / f"{start:09d}").write_text(digest)
                 bar.update(min(chunk, len(paths) - start))
     if unreadable:
         more = f"\n  ... and {len(unreadable) - 10} more" if len(unreadable) > 10 else ""
@@ -185,7 +230,8 @@ def _build(folder: Path, paths: list[str], size: int, workers: int) -> Prepared:
         )
     with open(folder / "images.u8", "rb+") as file:
         os.fsync(file.fileno())  # the pixels reach the disk before the manifest says they are there
-    atomic_write(folder / MANIFEST, lambda file: json.dump(plan, file))
+    digests = {str(start): (folder / "done" / f"{start:09d}").read_text() for start in range(0, len(paths), chunk)}
+    atomic_write(folder / MANIFEST, lambda file: json.dump({**plan, "digests": digests}, file))
     return Prepared(folder, tuple(plan["names"]), size)
 
 
@@ -206,8 +252,11 @@ def _check_free_space(folder: Path, needed: int) -> None:
         )
 
 
-def _prepare_chunk(folder: str, shape: tuple[int, int, int], start: int, paths: list[str]) -> tuple[int, list[str]]:
-    """Decode, shrink and store ``paths`` as rows ``start...``; returns the unreadable ones, each with its error."""
+def _prepare_chunk(
+    folder: str, shape: tuple[int, int, int], start: int, paths: list[str]
+) -> tuple[int, list[str], str]:
+    """Decode, shrink and store ``paths`` as rows ``start...``; returns the unreadable ones, each with its error, and
+    the digest of the rows written."""
     images = np.memmap(Path(folder) / "images.u8", np.uint8, "r+", shape=shape)
     size, failed = shape[1], []
     for row, path in enumerate(paths, start):
@@ -216,7 +265,7 @@ def _prepare_chunk(folder: str, shape: tuple[int, int, int], start: int, paths: 
         except InputError as error:  # it names the file and what is wrong with it
             failed.append(str(error))
     images.flush()
-    return start, failed
+    return start, failed, _digest(images, start, len(paths))
 
 
 def shrink(image: Image.Image, size: int) -> np.ndarray:
