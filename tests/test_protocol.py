@@ -1,14 +1,17 @@
 """common.run.protocol: one config in, one result out, and the ranks' reports, the same for every launched script."""
 
 import json
+import shlex
 
 import nbformat
 import numpy as np
 import pytest
+from papermill.cli import _resolve_type
 
 from common.errors import InputError
 from common.run import devices, params, protocol
 from common.run.checkpoints import Checkpoint
+from common.run.launch import WORKER_PARAMETERS, papermill_parameters
 
 
 def launch(tmp_path, **extra):
@@ -96,3 +99,15 @@ def test_glued_values_are_read_back_from_an_executed_notebook(tmp_path):
     notebook.cells.append(cell)
     nbformat.write(notebook, tmp_path / "done.ipynb")
     assert protocol.read_glued(tmp_path / "done.ipynb") == {"rank_report": {"rank": 0}}
+
+
+def test_workers_started_by_hand_get_every_parameter_that_shapes_the_run():
+    """A multi-machine TensorFlow or Gluon worker runs the notebook itself: with its own machine's defaults it would
+    train another run (another batch, precision, subset) than the one its commands were printed for."""
+    cfg = params.fill("cpu", EPOCHS=2, BATCH_SIZE_PER_DEVICE=16, IMAGE_SIZE=None, MAX_IMAGES=None, PRECISION="mixed")
+    text = papermill_parameters(cfg, PRETRAINED=False, PREPARED=True, SEED=3, DEVICES=1, DATA_DIR="/my data")
+    words = shlex.split(text)
+    sent = {name: _resolve_type(value) for flag, name, value in zip(words[::3], words[1::3], words[2::3], strict=True)}
+    assert set(words[::3]) == {"-p"} and set(WORKER_PARAMETERS) <= set(sent)
+    assert sent == {"EPOCHS": 2, "BATCH_SIZE_PER_DEVICE": 16, "IMAGE_SIZE": 64, "MAX_IMAGES": 800, "PRECISION": "mixed",
+                    "PRETRAINED": False, "PREPARED": True, "SEED": 3, "DEVICES": 1, "DATA_DIR": "/my data"}  # fmt: skip

@@ -6,6 +6,7 @@ import codecs
 import ctypes
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,6 +14,19 @@ import time
 from collections import deque
 
 import psutil
+
+# The notebook parameters that shape a run: a worker started by hand on another machine gets every one of them, so that
+# it trains the run its notebook printed, not its own machine's defaults.
+WORKER_PARAMETERS = (
+    "EPOCHS", "BATCH_SIZE_PER_DEVICE", "IMAGE_SIZE", "MAX_IMAGES", "PRECISION", "PRETRAINED", "PREPARED", "SEED",
+)  # fmt: skip
+
+
+def papermill_parameters(cfg: dict, **given) -> str:
+    """``-p NAME VALUE`` for each of :data:`WORKER_PARAMETERS` as filled in ``cfg`` (or given), then each of ``given``,
+    quoted for a shell: the notebook's own run, for the workers of a multi-machine run."""
+    values = {name: given.pop(name, cfg.get(name)) for name in WORKER_PARAMETERS}
+    return " ".join(f"-p {name} {shlex.quote(str(value))}" for name, value in {**values, **given}.items())
 
 
 def tf_config(workers: list[str], index: int) -> str:
