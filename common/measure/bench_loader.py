@@ -8,8 +8,9 @@ environment's Python (``--pipeline``), so a framework whose environment is not i
 On a generated stand-in of the real images' size (1024 px), prepared once at ``params.prepared_size(crop)``, it
 times on one core:
   1. a plain PIL decode loop: the bound of any pipeline that reads PNGs (none decodes faster than libpng);
-  2. each framework's training pipeline (read + random resized crop + flip + normalize, batched by its own loader
-     with no worker process and one thread), once from the prepared copy and once from the PNGs;
+  2. each framework's training pipeline (read + random resized crop + flip, batched by its own loader with no worker
+     process and one thread; every framework normalizes on its devices, so the pipelines end at the uint8 gray crop),
+     once from the prepared copy and once from the PNGs;
 and, with every core, ``prepare.ensure`` building a fresh prepared copy.
 
 A rate per core is images per CPU-second of this process, all its threads together: a pipeline that spreads over
@@ -80,6 +81,7 @@ def tensorflow_pass(split, crop: int, batch: int):
     from common.tensorflow.imports import tf
 
     try:
+        tf.config.set_visible_devices([], "GPU")  # a pipeline on the host: no GPU memory taken from a training run
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(1)
     except RuntimeError:  # TensorFlow already started in this process (a test): the CPU time still counts every thread

@@ -12,13 +12,16 @@ import pytest
 from common.data import chestxray
 from common.teach import toolbox
 from common.tensorflow import speedups as ks
+from common.tensorflow import utils as tfu
 from common.tensorflow.imports import keras, tf
 
 
 def small():
+    """Fed as the notebooks' DenseNet is: uint8 gray images, normalized by the model."""
     return keras.Sequential(
         [
-            keras.Input((16, 16, 3)),
+            keras.Input((16, 16, 1), dtype="uint8"),
+            tfu.GrayToImageNet(),
             keras.layers.Conv2D(8, 3),
             keras.layers.BatchNormalization(),
             keras.layers.ReLU(),

@@ -15,8 +15,9 @@ from png_modes import HEIGHT, MODES, WIDTH, write
 from common.data import chestxray
 from common.errors import InputError
 from common.measure.phases import Phases
-from common.run import checkpoints, params, protocol
+from common.run import checkpoints, devices, params, protocol
 from common.tensorflow import callbacks as kc
+from common.tensorflow import speedups as ks
 from common.tensorflow import utils as tfu
 
 
@@ -32,13 +33,42 @@ def test_tensorflows_decoder_gives_the_shared_pixels_for_every_png_mode(tmp_path
 
 def test_gpus_this_tensorflow_cannot_use_stop_the_notebook_before_tensorflow_starts(monkeypatch):
     """tensorflow-cpu (or CUDA libraries TensorFlow cannot load) on a GPU box: a stop naming it, not a CPU run."""
-    from common.run import devices
-
     gpus = devices.Devices("gpu", 2, 2, ("NVIDIA L40S",) * 2, 45.0, (8, 9))
     monkeypatch.setattr(devices, "driver_version", lambda: "580.95.05")
     with pytest.raises(InputError, match=r"NVIDIA L40S.*TensorFlow .*a build without CUDA.*can use 0 of the 2"):
         tfu.configure_devices(gpus, "mirrored")
     assert not tf.config.get_visible_devices("GPU"), "the check changed nothing in TensorFlow's configuration"
+
+
+GPUS = [tf.config.PhysicalDevice(f"/physical_device:GPU:{index}", "GPU") for index in range(3)]
+
+
+def gpu_box(count: int) -> devices.Devices:
+    return devices.Devices("gpu", count, len(GPUS), ("NVIDIA L40S",) * count, 45.0, (8, 9))
+
+
+@pytest.mark.parametrize(
+    "configure, used",
+    [
+        (lambda: tfu.configure_devices(gpu_box(2), "mirrored"), 2),
+        (lambda: tfu.configure_devices(gpu_box(2), "multi_worker"), 2),
+        (lambda: ks.use_one_device("gpu"), 1),  # Keras_Speedups
+    ],
+    ids=["mirrored", "multi_worker", "speedups"],
+)
+def test_every_gpu_tensorflow_uses_grows_its_memory_as_needed(monkeypatch, configure, used):
+    """Without memory growth TensorFlow's allocator takes nearly all of a GPU's memory when it starts, and keeps it
+    until the process ends: the next notebook's launch would find none. It is set before the runtime starts (which
+    refuses it later), on each GPU made visible, for every way a TensorFlow notebook sets up its devices."""
+    listed = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: GPUS if kind == "GPU" else listed(kind))
+    monkeypatch.setattr(tfu, "require_usable_gpus", lambda hardware: None)  # tensorflow-cpu here
+    monkeypatch.setattr(devices, "resolve", lambda requested: gpu_box(requested))
+    calls = []
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda found, kind: calls.append(("visible", found, kind)))
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda gpu, on: calls.append(("growth", gpu, on)))
+    configure()
+    assert calls == [("visible", GPUS[:used], "GPU"), *(("growth", gpu, True) for gpu in GPUS[:used])]
 
 
 def test_densenet121_has_the_shared_parameter_count():
@@ -51,7 +81,7 @@ def test_densenet121_matches_torchvision_batch_norm_momentum_and_float32_head():
     norms = [layer for layer in model.layers if layer.__class__.__name__ == "BatchNormalization"]
     assert len(norms) == 121 and {layer.momentum for layer in norms} == {params.BATCH_NORM_MOMENTUM}
     assert model.layers[-1].dtype_policy.compute_dtype == "float32"
-    scores = model(np.zeros((2, 32, 32, 3), np.float32)).numpy()
+    scores = model(np.zeros((2, 32, 32, 1), np.uint8)).numpy()
     assert scores.shape == (2, 14) and ((scores > 0) & (scores < 1)).all()
 
 
@@ -60,17 +90,57 @@ def splits(standin):
     return chestxray.load(standin, seed=0)
 
 
-def test_datasets_give_normalized_three_channel_images_and_score_every_image_once(splits):
+def test_datasets_give_uint8_gray_images_and_score_every_image_once(splits):
+    """1 byte per pixel crosses to the devices, not the 12 of three float32 channels: the model normalizes."""
     train = tfu.dataset(splits["train"], 24, global_batch=8, training=True)
-    images, labels = next(iter(train))
-    assert images.shape == (8, 24, 24, 3) and images.dtype == tf.float32 and labels.shape == (8, 14)
-    assert -3 < float(tf.reduce_mean(images)) < 3 and float(tf.math.reduce_std(images)) > 0.1
+    assert train.element_spec == (tf.TensorSpec((8, 24, 24, 1), tf.uint8), tf.TensorSpec((8, 14), tf.float32))
+    images, _ = next(iter(train))
+    assert float(tf.math.reduce_std(tf.cast(images, tf.float32))) > 1
     assert sum(int(batch[1].shape[0]) for batch in train) == len(splits["train"]) // 8 * 8  # full batches only
     test = [labels.numpy() for _, labels in tfu.dataset(splits["test"], 24, global_batch=7, training=False)]
     np.testing.assert_array_equal(np.concatenate(test), splits["test"].labels)  # all, in order
     first = next(iter(tfu.dataset(splits["test"], 24, 7, training=False)))[0]
     again = next(iter(tfu.dataset(splits["test"], 24, 7, training=False)))[0]
     np.testing.assert_array_equal(first.numpy(), again.numpy())  # evaluation is deterministic
+
+
+def test_the_model_takes_what_the_datasets_and_the_benchmark_give(splits):
+    """Training, evaluation and the synthetic-data benchmark feed the same model: the same images' dtype and shape."""
+    model = tfu.build_densenet121(32)
+    train = tfu.dataset(splits["train"], 32, global_batch=8, training=True)
+    test = tfu.dataset(splits["test"], 32, global_batch=8, training=False)
+    random = tfu.random_batch(8, 32)
+    assert tuple(tf.TensorSpec.from_tensor(part) for part in random) == train.element_spec
+    assert float(tf.math.reduce_std(tf.cast(random[0], tf.float32))) > 50  # spread over the 256 levels
+    assert model.input.dtype == "uint8" and tuple(model.input.shape) == (None, 32, 32, 1)
+    assert test.element_spec[0].is_compatible_with(tf.TensorSpec(model.input.shape, model.input.dtype))
+
+
+def test_the_model_normalizes_uint8_gray_into_the_three_channels_the_pipeline_gave_before():
+    """On the devices now, the ImageNet normalization of the gray repeated into 3 channels, as Pillow's pipeline
+    (Gluon, Chainer) and torchvision's compute it on the host, to float32 rounding."""
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 5, 7, 1), dtype=np.uint8)
+    mean, std = np.float32(params.IMAGENET_MEAN), np.float32(params.IMAGENET_STD)
+    expected = (np.repeat(pixels, 3, axis=-1).astype(np.float32) / 255 - mean) / std
+    normalized = tfu.GrayToImageNet()(pixels)
+    assert normalized.dtype == tf.float32
+    np.testing.assert_allclose(normalized.numpy(), expected, rtol=0, atol=1e-6)
+    # under a mixed-precision policy: normalized in float32, then rounded once to the compute dtype
+    half = tfu.GrayToImageNet(dtype="mixed_bfloat16")(pixels)
+    assert half.dtype == tf.bfloat16
+    np.testing.assert_array_equal(half.numpy(), tf.cast(expected, tf.bfloat16).numpy())
+    assert not tfu.GrayToImageNet().weights
+
+
+@pytest.mark.parametrize("shape", [(40, 36, 1), (100, 90, 1)], ids=["prepared, no antialias", "PNG, antialiased"])
+def test_resized_images_are_rounded_to_uint8(shape):
+    """tf.image.resize gives floats: rounded, as torchvision and Pillow round their uint8 resizes (a plain cast would
+    truncate: half a level darker on average)."""
+    image = tf.constant(np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8))
+    resized = tfu._resize(image, (24, 24))
+    exact = tf.image.resize(image, (24, 24), antialias=shape[0] > 36).numpy()
+    assert resized.dtype == tf.uint8 and resized.shape == (24, 24, 1)
+    assert np.abs(resized.numpy() - exact).max() <= 0.5
 
 
 def test_learning_rate_decays_along_a_cosine_to_zero():
@@ -137,7 +207,8 @@ def test_mixed_precision_is_bf16_on_cpu_with_a_float32_head():
         assert tfu.set_precision("mixed", "cpu") == "mixed_bfloat16"
         model = tfu.build_densenet121(32)
         assert model.get_layer("conv1_conv").compute_dtype == "bfloat16"
-        assert model(np.zeros((1, 32, 32, 3), np.float32)).dtype == "float32"
+        assert model.get_layer("gray_to_imagenet").compute_dtype == "bfloat16"
+        assert model(np.zeros((1, 32, 32, 1), np.uint8)).dtype == "float32"
         assert not isinstance(tfu.make_optimizer(1e-3, 10, "mixed_bfloat16"), keras.optimizers.LossScaleOptimizer)
         assert isinstance(tfu.make_optimizer(1e-3, 10, "mixed_float16"), keras.optimizers.LossScaleOptimizer)
     finally:
@@ -276,6 +347,15 @@ def test_keras_epoch_checkpoints_resume_model_fit_exactly_and_keep_the_history(t
     assert [checkpoint.epoch for checkpoint in checkpoints.complete(tmp_path)] == [2, 3]
     for expected, found in zip(model.get_weights(), resumed.get_weights()):
         np.testing.assert_array_equal(found, expected)
+
+
+def test_a_saved_model_loads_with_its_normalization(tmp_path):
+    """``model.save`` names the normalization by its registered class: ``load_model`` rebuilds it, no custom_objects."""
+    model = keras.Sequential([keras.Input((4, 4, 1), dtype="uint8"), tfu.GrayToImageNet(), keras.layers.Dense(2)])
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    pixels = np.arange(32, dtype=np.uint8).reshape(2, 4, 4, 1)
+    np.testing.assert_array_equal(loaded(pixels).numpy(), model(pixels).numpy())
 
 
 def test_checkpoints_of_a_multi_worker_run_are_refused():
