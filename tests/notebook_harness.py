@@ -181,6 +181,9 @@ class NotebookContract:
     # Run the 1- and 2-device runs at once: a notebook whose runs leave a core idle for long (graph tracing is one
     # Python thread) finishes both sooner; one that keeps both cores busy would only slow both down.
     SIDE_BY_SIDE = False
+    # What the commands printed under "More than one machine" must carry so that every process of a two-machine run
+    # trains this run (its global batch and learning rate, its parameters).
+    MULTI_MACHINE: str
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -219,6 +222,11 @@ class NotebookContract:
     def test_writes_nothing_to_stderr_but_progress_bars(self, runs, run_dir):
         """No noise in red: start-up notices, log lines, warnings (the 2-device run, as papermill saved it)."""
         assert not stderr_noise(run_dir / "2" / "executed-2.ipynb")
+
+    def test_prints_multi_machine_commands_for_the_whole_run(self, runs, run_dir):
+        cells = nbformat.read(run_dir / "2" / "executed-2.ipynb", as_version=4).cells
+        printed = "".join(out.get("text", "") for cell in cells if cell.cell_type == "code" for out in cell.outputs)
+        assert "host2" in printed and self.MULTI_MACHINE in printed
 
     @pytest.mark.parametrize(("parameters", "message"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
     def test_bad_input_stops_before_training(self, notebook_data, tmp_path, parameters, message):

@@ -6,6 +6,7 @@ from notebook_harness import NotebookContract, assert_stops_before_training
 class TestChainerNotebook(NotebookContract):
     NOTEBOOK = "Chainer_MultiGPU"
     FRAMEWORK = "chainer"
+    MULTI_MACHINE = "config-2-nodes.json"
 
     def test_cpu_runs_are_recorded_as_fp32_over_the_naive_communicator(self, runs):
         for devices in (1, 2):

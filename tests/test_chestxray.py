@@ -201,3 +201,13 @@ def test_describe_keeps_counts_whole_after_the_notebooks_round(standin):
     counts = [line.split()[1:] for line in shown.splitlines() if line.startswith(("images", "patients"))]
     assert len(counts) == 2 and all(value.isdigit() for row in counts for value in row), shown
     assert max(len(line) for line in shown.splitlines()) < 50, "narrow: no wrapping, no scrolling"
+
+
+def test_describe_shows_the_training_steps_per_epoch_and_refuses_less_than_one(standin):
+    """Every training notebook's Data cell describes its splits with its global batch: a run that would take no step
+    (check.sh once ran 840 images at 4 GPUs x 256) stops there, before any training."""
+    splits = chestxray.load(standin)
+    table = chestxray.describe(splits, 16, 2).round(3)
+    assert table.loc["steps of 16 images"].tolist() == [len(splits["train"]) // 16, "", ""]
+    with pytest.raises(InputError, match=f"holds {len(splits['train'])} images, fewer than one global batch of 1024"):
+        chestxray.describe(splits, 1024, 4)

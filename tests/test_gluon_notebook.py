@@ -6,6 +6,7 @@ from notebook_harness import NotebookContract, assert_stops_before_training
 class TestGluonNotebook(NotebookContract):
     NOTEBOOK = "Gluon_MultiGPU"
     FRAMEWORK = "mxnet"
+    MULTI_MACHINE = "-p BATCH_SIZE_PER_DEVICE 16 "
     SIDE_BY_SIDE = True
 
     def test_records_name_the_kvstore(self, runs):

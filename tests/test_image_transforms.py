@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from PIL import Image, ImageOps
 
 from common.data import chestxray, image_transforms
 from common.errors import InputError
@@ -25,15 +26,34 @@ def test_training_images_depend_on_seed_epoch_and_image_only(standin):
     assert not np.array_equal(first, image_transforms.transform(pixels, 32, augment=(0, 2, 7))), (
         "another epoch, another crop"
     )
-    assert first.shape == (3, 32, 32) and first.dtype == np.float32
+    assert first.shape == (1, 32, 32) and first.dtype == np.uint8, "one byte per pixel to the training process"
 
 
-def test_evaluation_images_are_three_equal_normalized_channels(standin):
-    image = image_transforms.transform(chestxray.load(standin, seed=0)["test"].pixels(0), 48)
-    assert image.shape == (3, 48, 48) and image.dtype == np.float32
-    pixels = image * np.array(IMAGENET_STD)[:, None, None] + np.array(IMAGENET_MEAN)[:, None, None]
-    np.testing.assert_allclose(pixels[0], pixels[1], atol=1e-6)
-    assert 0 <= pixels.min() and pixels.max() <= 1 + 1e-6
+def normalized_on_the_host(pixels, image_size, augment=None):
+    """The transform as it was when the host normalized: ImageNet-normalized float32 (3, size, size), the reference
+    for the devices' normalization (``normalize`` of ``common.mxnet.utils`` and ``common.chainer.utils``)."""
+    image = Image.fromarray(pixels)
+    size = (image_size, image_size)
+    if augment is None:
+        image = ImageOps.fit(image, size, Image.BILINEAR)
+    else:
+        rng = np.random.default_rng(list(augment))
+        image = image.resize(size, Image.BILINEAR, box=image_transforms.random_crop_box(*image.size, rng))
+        if rng.random() < 0.5:
+            image = ImageOps.mirror(image)
+    mean, std = (np.array(values, np.float32)[:, None, None] for values in (IMAGENET_MEAN, IMAGENET_STD))
+    return (np.asarray(image, np.float32)[None] / 255 - mean) / std
+
+
+@pytest.mark.parametrize("augment", [None, (0, 1, 7), (3, 0, 2)])
+def test_the_gray_bytes_are_the_pixels_the_host_normalized_before(standin, augment):
+    """The same crop and flip; the devices' float32 steps (/255, - mean, / std) then give the very same values."""
+    pixels = chestxray.load(standin, seed=0)["train"].pixels(2)
+    gray = image_transforms.transform(pixels, 40, augment)
+    mean, std = (np.array(values, np.float32)[:, None, None] for values in (IMAGENET_MEAN, IMAGENET_STD))
+    np.testing.assert_array_equal(
+        (gray.astype(np.float32) / 255 - mean) / std, normalized_on_the_host(pixels, 40, augment)
+    )
 
 
 def test_unreadable_image_is_named(tmp_path):

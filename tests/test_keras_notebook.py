@@ -10,6 +10,8 @@ class TestKerasNotebook(NotebookContract):
     NOTEBOOK = "Keras_TF_MultiGPU"
     FRAMEWORK = "keras"
     SIDE_BY_SIDE = True
+    # no multi-machine commands to print: model.fit under MultiWorkerMirroredStrategy fails (the test below)
+    test_prints_multi_machine_commands_for_the_whole_run = None
 
     def test_keras_auc_agrees_with_the_exact_auc(self, runs):
         for devices in (1, 2):

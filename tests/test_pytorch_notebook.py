@@ -6,3 +6,4 @@ from notebook_harness import NotebookContract
 class TestPyTorchNotebook(NotebookContract):
     NOTEBOOK = "PyTorch_MultiGPU"
     FRAMEWORK = "pytorch"
+    MULTI_MACHINE = "config-2-nodes.json"

@@ -6,6 +6,7 @@ from notebook_harness import NotebookContract, assert_stops_before_training
 class TestTensorflowNotebook(NotebookContract):
     NOTEBOOK = "Tensorflow_MultiGPU"
     FRAMEWORK = "tensorflow"
+    MULTI_MACHINE = "-p BATCH_SIZE_PER_DEVICE 16 "
     SIDE_BY_SIDE = True
 
     def test_records_name_the_strategy(self, runs):

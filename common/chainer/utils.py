@@ -24,7 +24,7 @@ from common.errors import InputError
 from common.measure.phases import timed_steps
 from common.run import checkpoints, devices, protocol
 from common.run.devices import threads_per_device
-from common.run.params import BATCH_NORM_MOMENTUM, NUM_CLASSES
+from common.run.params import BATCH_NORM_MOMENTUM, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 
 F = chainer.functions
 L = chainer.links
@@ -310,7 +310,8 @@ def recompute_batch_norm_statistics(model: chainer.Link, batches, comm) -> int:
 class ChestXrayImages(chainer.dataset.DatasetMixin):
     """The images numbered ``indices`` of a :class:`common.data.chestxray.Split`; items are (image, labels, index).
 
-    The pixels are the split's (the prepared copy's row, or the PNG); :mod:`common.data.image_transforms` augments them.
+    The pixels are the split's (the prepared copy's row, or the PNG); :mod:`common.data.image_transforms` augments them
+    into a uint8 gray image (1, size, size), which :func:`to_device` normalizes on the device.
     Items are evaluation images (resize, center crop);
     :meth:`load` with an ``epoch`` gives the augmented training image, drawn from ``(seed, epoch, index)``: the
     same crop whichever rank or decode process loads it, on any number of devices.
@@ -367,16 +368,28 @@ def iterator(dataset, batch_size: int, workers: int):
     """Batches in dataset order, decoded by ``workers`` processes ahead of the training loop.
 
     ``MultiprocessIterator`` forks its workers from the MPI process; they only decode images and never call MPI,
-    which is safe with MPICH on one machine. Shuffling lives in the dataset (:class:`TrainingEpochs`).
+    which is safe with MPICH on one machine. Shuffling lives in the dataset (:class:`TrainingEpochs`). The workers
+    hand over one batch at a time through shared memory sized from the first batch (``shared_mem=None``), and
+    ``n_prefetch`` batches wait in this process: uint8 gray images keep both small.
     """
     return chainer.iterators.MultiprocessIterator(
         dataset, batch_size, repeat=False, shuffle=False, n_processes=workers, n_prefetch=2
     )
 
 
+def normalize(images):
+    """uint8 gray images (N, 1, H, W) as the model's input: ImageNet-normalized float32 (N, 3, H, W), computed on the
+    device that holds them (numpy or CuPy)."""
+    x = images.astype(np.float32) / 255
+    xp = chainer.backend.get_array_module(images)
+    return xp.concatenate([(x - mean) / std for mean, std in zip(IMAGENET_MEAN, IMAGENET_STD)], axis=1)
+
+
 def to_device(batch, device, dtype=None):
-    """A list of (image, labels, index) items as arrays on ``device``; images cast to ``dtype`` when given."""
+    """A list of (image, labels, index) items as arrays on ``device``: the uint8 images travel as they are and are
+    normalized there (:func:`normalize`), then cast to ``dtype`` when given."""
     images, labels, indices = chainer.dataset.concat_examples(batch, device)
+    images = normalize(images)
     if dtype is not None and images.dtype != dtype:
         images = images.astype(dtype)
     return images, labels, indices
@@ -430,15 +443,17 @@ def time_steps(
 ) -> float:
     """Images per second of all ranks together: ``steps`` training steps on one fixed random batch held in device
     memory, ``batch_size`` images on each of ``comm``'s ranks (the multi-node optimizer keeps their steps in step).
+    The batch is uint8 gray, as the iterator delivers it: each step makes it the model's input on the device
+    (:func:`normalize`, then ``dtype``), as training does.
 
     Two warm-up steps are not timed (memory allocation, kernel compilation on GPUs); ``phases`` (a
     :class:`common.measure.phases.Phases`) gets them and the timed steps.
     """
     rng = np.random.default_rng(0)
-    images = device.send(rng.standard_normal((batch_size, 3, image_size, image_size), np.float32).astype(dtype))
+    images = device.send(rng.integers(0, 256, (batch_size, 1, image_size, image_size), np.uint8))
     labels = device.send(rng.integers(0, 2, (batch_size, NUM_CLASSES)).astype(np.int32))
     seconds = timed_steps(
-        lambda: optimizer.update(lambda: sigmoid_loss(model(images), labels)),
+        lambda: optimizer.update(lambda: sigmoid_loss(model(normalize(images).astype(dtype)), labels)),
         steps,
         lambda _: synchronize(device),
         phases,

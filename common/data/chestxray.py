@@ -21,6 +21,7 @@ from common.data.image_io import read_gray
 from common.data.layout import CSV_NAME, NO_FINDING, TEST_LIST, TRAIN_VAL_LIST
 from common.data.prepare import Prepared
 from common.errors import InputError
+from common.run import params
 from common.run.params import FINDINGS, TEST_SHARE, VALID_SHARE
 
 REQUIRED_COLUMNS = ("Image Index", "Finding Labels", "Patient ID")
@@ -242,15 +243,20 @@ def _prepared(data_dir, entries: pd.DataFrame, size: int, make: bool) -> Prepare
     return found
 
 
-def describe(splits: dict[str, Split]) -> pd.DataFrame:
+def describe(splits: dict[str, Split], global_batch: int | None = None, devices: int = 1) -> pd.DataFrame:
     """Images, patients and each finding's prevalence (% of images) in each split: one column per split, for display.
 
+    With ``global_batch`` (on ``devices``), also the training steps per epoch, the last partial batch dropped: a run
+    whose training split holds less than one global batch is refused here (:func:`common.run.params.check_steps`).
     One row per quantity keeps the table narrow. Counts and percentages share a column, so the columns hold Python
     objects: counts stay whole numbers, and the percentages, already rounded to 0.1, pass a ``.round(3)`` unchanged.
     """
     counts = pd.DataFrame(
         {name: {"images": len(s), "patients": len(np.unique(s.patients))} for name, s in splits.items()}
     )
+    if global_batch is not None:
+        steps = params.check_steps(len(splits["train"]), global_batch, devices)
+        counts.loc[f"steps of {global_batch} images"] = {"train": steps, "valid": "", "test": ""}
     # float64 first: a float32 rounded to 0.1 would show as 1.2000000476837158 once it is a Python object
     percent = pd.DataFrame({name: s.prevalence() for name, s in splits.items()}, dtype=float).mul(100).round(1)
     return pd.concat([counts.astype(object), percent.add_suffix(" %", axis=0).astype(object)])

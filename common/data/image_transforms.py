@@ -2,9 +2,10 @@
 
 The same steps as the PyTorch pipeline (torchvision) and the TensorFlow one (tf.image): a random resized
 crop (``CROP_SCALE``, aspect 3/4 to 4/3) and a horizontal flip for training, resize and center crop for
-evaluation, then ImageNet normalization. The work is done on one channel and repeated into three at the end,
-which is three times cheaper than converting to RGB first. The randomness comes from ``(seed, epoch, index)``,
-so an image gets the same crop whichever process decodes it.
+evaluation. The result stays one uint8 gray channel: the decode processes pass it to the training process and on
+to the devices, where each framework's ``normalize`` (``common.mxnet.utils``, ``common.chainer.utils``) makes the
+three ImageNet-normalized float32 channels the model takes, 12 times the bytes. The randomness comes from
+``(seed, epoch, index)``, so an image gets the same crop whichever process decodes it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,7 @@ import math
 import numpy as np
 from PIL import Image, ImageOps
 
-from common.run.params import CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD
-
-_MEAN = np.array(IMAGENET_MEAN, np.float32)[:, None, None]
-_STD = np.array(IMAGENET_STD, np.float32)[:, None, None]
+from common.run.params import CROP_SCALE
 
 
 def random_crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
@@ -33,8 +31,8 @@ def random_crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[
 
 
 def transform(pixels: np.ndarray, image_size: int, augment: tuple[int, int, int] | None = None) -> np.ndarray:
-    """Gray uint8 ``pixels`` (a split's :meth:`~common.data.chestxray.Split.pixels`) as a float32 array (3, size, size);
-    ``augment=(seed, epoch, index)`` for training."""
+    """Gray uint8 ``pixels`` (a split's :meth:`~common.data.chestxray.Split.pixels`) cropped to a uint8 array
+    (1, size, size); ``augment=(seed, epoch, index)`` for training."""
     image = Image.fromarray(pixels)
     size = (image_size, image_size)
     if augment is None:  # the short side resized to the image size, then the center crop
@@ -44,4 +42,4 @@ def transform(pixels: np.ndarray, image_size: int, augment: tuple[int, int, int]
         image = image.resize(size, Image.BILINEAR, box=random_crop_box(*image.size, rng))
         if rng.random() < 0.5:
             image = ImageOps.mirror(image)
-    return (np.asarray(image, np.float32)[None] / 255 - _MEAN) / _STD
+    return np.asarray(image, np.uint8)[None]

@@ -20,7 +20,7 @@ from common.measure.phases import timed_steps
 from common.mxnet import cluster as mxnet_cluster
 from common.mxnet.imports import load
 from common.run import checkpoints, devices, protocol
-from common.run.params import NUM_CLASSES
+from common.run.params import IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 
 mx = load()
 from mxnet import autograd, gluon  # noqa: E402 (MXNet is imported through the helper above)
@@ -166,6 +166,13 @@ def backward(losses: list, trainer: gluon.Trainer, dtype: str) -> None:
         autograd.backward(losses)
 
 
+def normalize(images):
+    """uint8 gray images (N, 1, H, W), as the loader delivers them, as the model's input: ImageNet-normalized float32
+    (N, 3, H, W), computed where ``images`` are (after ``split_and_load``: on each context)."""
+    x = images.astype("float32") / 255
+    return mx.nd.concat(*[(x - mean) / std for mean, std in zip(IMAGENET_MEAN, IMAGENET_STD)], dim=1)
+
+
 def _batch_norms(block: gluon.Block):
     for child in block._children.values():
         if isinstance(child, gluon.nn.BatchNorm):
@@ -201,7 +208,7 @@ def recompute_batch_norm_statistics(net: gluon.HybridBlock, data, batches: int, 
             for norm in norms:
                 norm._kwargs["momentum"] = seen / (seen + 1)  # the first batch replaces, later ones average in
             with autograd.record():
-                output = net(gluon.utils.split_and_load(images, ctx, even_split=False)[0])
+                output = net(normalize(gluon.utils.split_and_load(images, ctx, even_split=False)[0]))
             output.backward()  # MXNet updates the running statistics in the backward pass; no step follows
     finally:
         for norm, value in zip(norms, momentum):
@@ -216,7 +223,9 @@ def predict_all(net: gluon.Block, data, ctx: list) -> tuple[np.ndarray, np.ndarr
     for images, targets in data:
         used = ctx[: len(images)]  # a last batch smaller than the device count leaves some idle
         parts = gluon.utils.split_and_load(images, used, even_split=False)
-        scores.append(mx.nd.concat(*[net(x).astype("float32").sigmoid().as_in_context(mx.cpu()) for x in parts], dim=0))
+        scores.append(
+            mx.nd.concat(*[net(normalize(x)).astype("float32").sigmoid().as_in_context(mx.cpu()) for x in parts], dim=0)
+        )
         labels.append(targets)
     return mx.nd.concat(*labels, dim=0).asnumpy(), mx.nd.concat(*scores, dim=0).asnumpy()
 
@@ -227,23 +236,32 @@ def weights_fingerprint(net: gluon.Block) -> str:
     return protocol.fingerprint((name, param.data().asnumpy()) for name, param in sorted(net.collect_params().items()))
 
 
-def time_steps(train_step, global_batch: int, image_size: int, steps: int, workers: int = 1, phases=None) -> float:
+def time_steps(
+    train_step, ctx: list, global_batch: int, image_size: int, steps: int, workers: int = 1, phases=None
+) -> float:
     """Images per second of all workers together: ``steps`` calls of ``train_step(images, labels)`` on one fixed
     random batch, this worker's ``global_batch // workers`` images (the workers' steps are synchronized).
 
-    Two warm-up steps are not timed (graph building, memory allocation); ``phases`` (a
+    The batch is uint8 gray, as the loader sends it, split over the contexts ``ctx`` once, before the steps:
+    ``images`` and ``labels`` are the lists of every context's share, already there, so that the steps time the
+    devices' work (normalization included, as in training) without the copies from the host, as the other notebooks'
+    in-RAM figures do. Two warm-up steps are not timed (graph building, memory allocation); ``phases`` (a
     :class:`common.measure.phases.Phases`) gets them and the timed steps.
     """
     batch_size = global_batch // workers
-    images = mx.nd.random.normal(shape=(batch_size, 3, image_size, image_size))
-    labels = mx.nd.random.randint(0, 2, shape=(batch_size, NUM_CLASSES)).astype("float32")
+    batch = (
+        mx.nd.random.randint(0, 256, shape=(batch_size, 1, image_size, image_size)).astype("uint8"),
+        mx.nd.random.randint(0, 2, shape=(batch_size, NUM_CLASSES)).astype("float32"),
+    )
+    images, labels = (gluon.utils.split_and_load(array, ctx) for array in batch)
     seconds = timed_steps(lambda: train_step(images, labels), steps, lambda _: mx.nd.waitall(), phases)
     return steps * global_batch / seconds
 
 
 class ChestXrayDataset(gluon.data.Dataset):
     """One image of a :class:`common.data.chestxray.Split` (the prepared copy's row, or its PNG), augmented by
-    :mod:`common.data.image_transforms`; items are (image, labels).
+    :mod:`common.data.image_transforms`; items are (uint8 gray image (1, size, size), labels): :func:`normalize`
+    makes the model's input on the devices.
 
     Training items are keyed ``epoch * len(self) + index`` by :class:`EpochBatchSampler`: the augmentation
     is drawn from ``(seed, epoch, index)``, so the same ``SEED`` gives the same images whichever decode
@@ -295,19 +313,26 @@ def loader(
     seed: int = 0,
     part: tuple[int, int] = (0, 1),
     processes: bool = True,
+    pin_memory: bool = False,
 ):
     """A Gluon ``DataLoader`` over a :class:`common.data.chestxray.Split` that decodes in ``workers`` processes.
 
     Training batches have the global batch, or its part ``part`` (see :class:`EpochBatchSampler`); the training
     step splits them over the devices. Evaluation keeps every image exactly once, in order. ``processes=False``
     decodes in threads instead: a worker of a parameter-server cluster must not fork its network connections.
+    ``pin_memory=True`` (on GPUs) copies each batch into page-locked memory, from which the GPUs copy it by DMA.
     """
     data = ChestXrayDataset(split, image_size, training, seed)
     if training:
         batching = dict(batch_sampler=EpochBatchSampler(len(data), batch_size, seed, part))
     else:
         batching = dict(batch_size=batch_size, shuffle=False, last_batch="keep")
-    return gluon.data.DataLoader(data, num_workers=workers, thread_pool=not processes, **batching)
+    # Each decode worker makes a whole batch, and the loader hands out a new one only as one is taken: ``prefetch``
+    # batches ahead keep up to ``prefetch + 1`` workers busy. One per worker keeps them all busy and bounds what waits
+    # in /dev/shm to about one (uint8) batch per worker; MXNet's default, two per worker, only queues a second one.
+    return gluon.data.DataLoader(
+        data, num_workers=workers, thread_pool=not processes, prefetch=workers, pin_memory=pin_memory, **batching
+    )
 
 
 def save_checkpoint(folder, epoch: int, settings: dict, history: dict, net, trainer) -> None:

@@ -175,10 +175,41 @@ def test_augmentation_is_a_function_of_seed_epoch_and_image(images, train_split)
     assert not all(np.array_equal(a, b) for a, b in zip(first, later))
     assert not all(np.array_equal(a, other.load(i, epoch=0)[0]) for i, a in enumerate(first))
     image, labels, index = images[0]  # evaluation: no randomness; items name their image
-    assert image.shape == (3, 32, 32) and image.dtype == np.float32 and labels.dtype == np.int32
+    assert image.shape == (1, 32, 32) and image.dtype == np.uint8 and labels.dtype == np.int32
     assert int(index) == images.indices[0] and np.array_equal(image, images[0][0])
-    pixels = image * np.array(IMAGENET_STD)[:, None, None] + np.array(IMAGENET_MEAN)[:, None, None]
-    np.testing.assert_allclose(pixels[0], pixels[1], atol=1e-6)  # a grayscale X-ray as three equal channels
+
+
+@pytest.mark.parametrize("dtype", [None, np.float32, np.float16])
+def test_the_device_normalizes_the_gray_bytes_as_the_host_did_then_casts(images, dtype):
+    """The items stay uint8 gray up to the device; there they become the float32 values the host computed before
+    (``tests/test_image_transforms.py`` checks the pixels themselves), then the compute dtype."""
+    batch = [images[position] for position in range(4)]
+    x, labels, index = cu.to_device(batch, chainer.get_device("@numpy"), dtype)
+    gray = np.stack([item[0] for item in batch])
+    mean, std = (np.array(values, np.float32)[:, None, None] for values in (IMAGENET_MEAN, IMAGENET_STD))
+    np.testing.assert_array_equal(x, ((gray.astype(np.float32) / 255 - mean) / std).astype(dtype or np.float32))
+    assert x.shape == (4, 3, 32, 32) and labels.shape == (4, NUM_CLASSES) and list(index) == list(images.indices[:4])
+
+
+def test_the_benchmark_step_normalizes_gray_bytes_on_the_device_as_training_does():
+    seen = []
+
+    def model(x):
+        seen.append(x)
+        return chainer.Variable(np.zeros((len(x), NUM_CLASSES), np.float32))
+
+    class Optimizer:
+        update = staticmethod(lambda loss: loss())
+
+    class TwoRanks:
+        size = 2
+
+    rate = cu.time_steps(model, Optimizer, 4, 32, 3, chainer.get_device("@numpy"), TwoRanks, np.float16)
+    assert len(seen) == 5 and rate > 0
+    assert all(x.shape == (4, 3, 32, 32) and x.dtype == np.float16 for x in seen)
+    gray = [seen[0][:, channel] * std + mean for channel, (mean, std) in enumerate(zip(IMAGENET_MEAN, IMAGENET_STD))]
+    np.testing.assert_allclose(gray[0], gray[1], atol=1e-2)  # one gray image made three channels
+    assert 0 <= min(g.min() for g in gray) and max(g.max() for g in gray) <= 1.01
 
 
 @pytest.mark.filterwarnings("ignore:setDaemon:DeprecationWarning")  # inside Chainer 7.8.1

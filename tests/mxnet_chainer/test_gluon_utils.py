@@ -3,6 +3,7 @@
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from common.data import chestxray
 from common.errors import InputError
 from common.mxnet import imports as mxnet_import
 from common.run import checkpoints, devices
-from common.run.params import NUM_CLASSES
+from common.run.params import IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 
 mx = mxnet_import.load()
 from mxnet import autograd, gluon  # noqa: E402
@@ -130,10 +131,10 @@ def test_batch_norm_statistics_stay_per_context_until_shared():
 def test_precise_batch_norm_is_the_mean_over_batches_of_the_first_share():
     net = make_net(True, CPUS)
     conv, norm = net[0], net[1]
-    batches = [(mx.nd.random.normal(shape=(4, 3, 8, 8)), None) for _ in range(3)]
+    batches = [(mx.nd.random.randint(0, 256, shape=(4, 1, 8, 8)).astype("uint8"), None) for _ in range(3)]
     gu.recompute_batch_norm_statistics(net, batches, 2, CPUS)
     # the first context gets the first half of each batch, as rank 0 gets its share under DDP
-    means = [conv(images[:2].as_in_context(mx.cpu(0))).mean(axis=(0, 2, 3)).asnumpy() for images, _ in batches[:2]]
+    means = [conv(gu.normalize(images[:2])).mean(axis=(0, 2, 3)).asnumpy() for images, _ in batches[:2]]
     for ctx in CPUS:
         np.testing.assert_allclose(norm.running_mean.data(ctx).asnumpy(), np.mean(means, axis=0), rtol=1e-5)
     assert norm._kwargs["momentum"] == 0.9, "the training momentum is restored"
@@ -154,7 +155,7 @@ def test_augmentation_depends_on_seed_epoch_and_image_only(standin):
     data = gu.ChestXrayDataset(split, 32, training=True, seed=0)
     first, again = data[len(data) + 3][0], gu.ChestXrayDataset(split, 32, training=True, seed=0)[len(data) + 3][0]
     np.testing.assert_array_equal(first, again)
-    assert first.shape == (3, 32, 32) and first.dtype == np.float32
+    assert first.shape == (1, 32, 32) and first.dtype == np.uint8
     assert not np.array_equal(first, data[3][0]), "another epoch, another crop"
     evaluated = gu.ChestXrayDataset(split, 32, training=False)[3][0]
     np.testing.assert_array_equal(evaluated, gu.ChestXrayDataset(split, 32, training=False)[3][0])
@@ -204,8 +205,55 @@ def test_dist_kvstore_needs_a_cluster_and_refuses_checkpoints(monkeypatch):
 
 def test_time_steps_gives_the_rate_of_all_workers_from_this_workers_share():
     calls = []
-    rate = gu.time_steps(lambda images, labels: calls.append(images.shape), 8, 32, steps=3, workers=2)
-    assert len(calls) == 5 and calls[0] == (4, 3, 32, 32) and rate > 0 and math.isfinite(rate)
+    rate = gu.time_steps(lambda images, labels: calls.append((images, labels)), CPUS, 8, 32, steps=3, workers=2)
+    assert len(calls) == 5 and rate > 0 and math.isfinite(rate)
+    images, labels = calls[0]
+    assert [x.shape for x in images] == [(2, 1, 32, 32)] * 2 and [y.shape for y in labels] == [(2, NUM_CLASSES)] * 2
+    assert all(x.dtype == np.uint8 for x in images), "gray bytes, as the loader sends them: the step normalizes"
+    assert [x.context for x in images] == [y.context for y in labels] == CPUS, "each context's share, on it"
+    assert all(shares[0] is images and shares[1] is labels for shares in calls), (
+        "split and loaded once: no copy to the devices in the timed steps"
+    )
+
+
+def host_normalized(gray: np.ndarray) -> np.ndarray:
+    """What the loader delivered before the devices normalized (``tests/test_image_transforms.py`` checks the pixels
+    themselves): float32 /255, then ImageNet's mean and deviation, one gray channel made three."""
+    mean, std = (np.array(values, np.float32)[:, None, None] for values in (IMAGENET_MEAN, IMAGENET_STD))
+    return (gray.astype(np.float32) / 255 - mean) / std
+
+
+def test_loader_sends_gray_bytes_that_each_context_normalizes_as_the_host_did(standin):
+    split = chestxray.load(standin, seed=0)["train"]
+    images, labels = next(iter(gu.loader(split, 32, batch_size=4, training=True, workers=0)))
+    assert images.shape == (4, 1, 32, 32) and images.dtype == np.uint8, "one byte per pixel, 1/12 of float32 RGB"
+    assert labels.dtype == np.float32
+    shares = [gu.normalize(x) for x in gluon.utils.split_and_load(images, CPUS)]
+    assert [x.context for x in shares] == CPUS and all(x.dtype == np.float32 for x in shares)
+    np.testing.assert_array_equal(mx.nd.concat(*shares, dim=0).asnumpy(), host_normalized(images.asnumpy()))
+
+
+def test_loader_keeps_one_batch_per_decode_worker_in_flight(standin, monkeypatch):
+    """A worker decodes a whole batch: one batch each keeps every worker busy (MXNet's default queues two each)."""
+    requested = []
+    load = gu.ChestXrayDataset.__getitem__
+    monkeypatch.setattr(gu.ChestXrayDataset, "__getitem__", lambda data, key: requested.append(key) or load(data, key))
+    split = chestxray.load(standin, seed=0)["train"]
+    workers, batch_size = 3, 2
+    assert len(split) >= 4 * workers * batch_size, "enough batches for MXNet's default to queue more"
+    batches = iter(gu.loader(split, 32, batch_size, training=True, workers=workers, processes=False))
+    next(batches)
+    deadline = time.monotonic() + 30
+    while len(requested) < (workers + 1) * batch_size and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # what else the threads were given
+    assert len(requested) == (workers + 1) * batch_size
+
+
+def test_pinned_loader_delivers_page_locked_batches(standin):
+    split = chestxray.load(standin, seed=0)["test"]
+    images, labels = next(iter(gu.loader(split, 32, batch_size=2, training=False, workers=0, pin_memory=True)))
+    assert images.context == labels.context == mx.cpu_pinned(0)
 
 
 def test_mxnet_then_chainer_in_one_process():
