@@ -64,7 +64,8 @@ def test_pytorch_torchrun_two_nodes(notebook_data, tmp_path, cluster):
 @pytest.mark.environments("mxnet-chainer")
 def test_chainermn_mpiexec_two_hosts(notebook_data, tmp_path, cluster):
     script = write_script("Chainer_MultiGPU", "train_chainermn.py", tmp_path)
-    config = write_config(tmp_path, notebook_data, 2, TINY, precision_used="fp32")
+    # as the notebook prints it: this machine's config (one device), made the whole run's for two hosts
+    config = protocol.multinode_config(write_config(tmp_path, notebook_data, 1, TINY, precision_used="fp32"), nodes=2)
     # two host names for this machine: Hydra starts local processes for both, as it would over ssh for real hosts
     build = "common.chainer.utils.mpiexec_hosts_command"
     command = call("mxnet-chainer", build, script, ["127.0.0.1", "localhost"], 1, config)
