@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check: the notebooks briefly on this machine's NVIDIA GPUs, and with --tests the PyTorch part of the test suite.
 #
-#   tests/gpu/check.sh            the notebooks (within 8 minutes on one modern GPU)
+#   tests/gpu/check.sh            the notebooks (each within its cap; about 6 minutes on one modern GPU)
 #   tests/gpu/check.sh --tests    then pytest (papermill and nbval included) on the PyTorch tests, on the GPU
+#   tests/gpu/check.sh --plan     say what it would run here (GPUs, data, notebooks, skips, cap), and stop
 #
 # What it checks: each notebook whose framework is installed runs end to end on the GPU code path at DEVICES=1 and,
 # with more than one GPU, at DEVICES=<all GPUs> (the two placement notebooks once, on all GPUs; PyTorch_ModelParallel
@@ -65,9 +66,12 @@ gpus=$(nvidia-smi -L | grep -c '^GPU')
 batch=64
 # 4 steps per epoch at the most GPUs (each notebook refuses fewer than one), and never fewer than 1,200 images
 images=$("$PY" -c "from common.run import params; print(max(1200, params.images_for_steps(4, $batch * $gpus)))")
-echo "$gpus GPU(s): $images generated images, $batch per GPU"
-data=$("$PY" -c "from common.data import synthetic; print(synthetic.ensure(n_images=$images, image_size=256))")
 cap=${CHECK_NOTEBOOK_SECONDS:-150}
+echo "$gpus GPU(s): $images generated images, $batch per GPU; ${notebooks[*]}, each within $cap s"
+if [ "${1:-}" = "--plan" ]; then
+    exit 0
+fi
+data=$("$PY" -c "from common.data import synthetic; print(synthetic.ensure(n_images=$images, image_size=256))")
 status=0
 for notebook in "${notebooks[@]}"; do
     code=0
