@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check: the notebooks briefly on this machine's NVIDIA GPUs, and with --tests the PyTorch part of the test suite.
 #
-#   tests/gpu/check.sh            the notebooks (each within its cap; about 6 minutes on one modern GPU)
+#   tests/gpu/check.sh            the notebooks, each within its own time cap
 #   tests/gpu/check.sh --tests    then pytest (papermill and nbval included) on the PyTorch tests, on the GPU
 #   tests/gpu/check.sh --plan     say what it would run here (GPUs, data, notebooks, skips, cap), and stop
 #
