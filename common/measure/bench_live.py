@@ -12,16 +12,13 @@ the others.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
 import statistics
 
 import nbformat
 import pandas as pd
 
 from common.measure import report
-from common.run import devices
 from common.run.environments import ENVIRONMENTS
 
 README_START, README_END = "<!-- bench-live:start -->", "<!-- bench-live:end -->"
@@ -95,10 +92,10 @@ def main(argv=None) -> pd.DataFrame:
     text = report.markdown(table, percent=("live view's cost",))
     print(text)
     if args.readme:
-        machine = f"{platform.processor() or platform.machine()}, {devices.cpu_cores()} cores"
-        note = (
-            f"Produced by `make bench-live` on {dt.date.today()} ({machine}; DenseNet-121 on the CPU, "
-            f"{args.size} px, batch {args.batch}, the median of {args.rounds} rounds of {args.steps} steps each):"
+        note = report.produced_by(
+            "bench-live",
+            f"DenseNet-121 on the CPU, {args.size} px, batch {args.batch}, the median of {args.rounds} rounds of "
+            f"{args.steps} steps each",
         )
         report.replace_block(args.readme, README_START, README_END, f"{note}\n\n{text}")
     return table

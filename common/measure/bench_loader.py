@@ -20,11 +20,9 @@ more threads than asked is not counted as faster, and other processes sharing th
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
-import platform
 import subprocess
 import tempfile
 import time
@@ -255,8 +253,7 @@ def main(argv=None) -> dict:
     text = table(rates, args, decode, size, made)
     print(text)
     if args.readme:
-        machine = f"{platform.processor() or platform.machine()}, {devices.cpu_cores()} cores"
-        note = f"Produced by `make bench-loader` on {dt.date.today()} ({machine}):"
+        note = report.produced_by("bench-loader")
         report.replace_block(args.readme, README_START, README_END, f"{note}\n\n```\n{text}\n```")
     return {"pil_decode": decode, "prepare": made, "pipelines": rates}
 

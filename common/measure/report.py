@@ -7,14 +7,17 @@ python -m common.measure.report --readme README.md RUN   # copy a run's table in
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import itertools
 import math
+import platform
 import re
 from pathlib import Path
 
 import pandas as pd
 
 from common.measure import diagnosis, phases, plots, results
+from common.run.devices import cpu_cores
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 PHASES_START, PHASES_END = "<!-- phases:start -->", "<!-- phases:end -->"
@@ -292,6 +295,12 @@ def update_readme(readme, run_dir) -> None:
     spent = phase_table(records)
     if len(spent):
         replace_block(readme, PHASES_START, PHASES_END, f"From `make run` `{run_dir.name}`:\n\n{phases_section(spent)}")
+
+
+def produced_by(target: str, details: str = "") -> str:
+    """The line above a benchmark's figures in a README: which ``make`` target made them, when and on what machine."""
+    machine = f"{platform.processor() or platform.machine()}, {cpu_cores()} cores"
+    return f"Produced by `make {target}` on {dt.date.today()} ({machine}{f'; {details}' if details else ''}):"
 
 
 def replace_block(path, start: str, end: str, content: str) -> None:

@@ -11,7 +11,6 @@ for the uint8 gray batches the loaders send and for the float32 three-channel ba
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import shutil
 import threading
 import time
@@ -24,7 +23,7 @@ from torchvision.transforms import v2
 from common.data import chestxray, synthetic
 from common.measure import report
 from common.pytorch import utils as tu
-from common.run import devices, params
+from common.run import params
 
 SHM = "/dev/shm"
 README_START, README_END = "<!-- shm:start -->", "<!-- shm:end -->"
@@ -83,9 +82,10 @@ def main(argv=None) -> pd.DataFrame:
     text = report.markdown(table.round(1))
     print(text)
     if args.readme:
-        note = (
-            f"Produced by `make bench-shm` on {dt.date.today()} ({devices.cpu_cores()} cores; one training process's "
-            f"PyTorch loader, {args.workers} workers, prefetch 2 each, reading {args.batches} batches):"
+        note = report.produced_by(
+            "bench-shm",
+            f"one training process's PyTorch loader, {args.workers} workers, prefetch 2 each, reading {args.batches} "
+            "batches",
         )
         report.replace_block(args.readme, README_START, README_END, f"{note}\n\n{text}")
     return table
