@@ -156,8 +156,7 @@ def driver_version(nvml=None) -> str | None:
     except Exception:
         return None
     try:
-        version = nvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else version
+        return _text(nvml.nvmlSystemGetDriverVersion())
     finally:
         nvml.nvmlShutdown()
 
