@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 
 class LaunchTimeout(AssertionError):
     """A launched node did not finish within its time bound (the message names it)."""
@@ -40,14 +42,16 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
-def assert_port_free(port: int, host: str = "127.0.0.1") -> None:
-    """Raise if a process still listens on ``port``. The socket binds as the next launcher's server does, with
-    SO_REUSEADDR (ZeroMQ, the MXNet watch and torchrun's TCPStore all set it): the TIME_WAIT of connections that the
-    killed server closed first does not matter, a process that still listens does."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen()
+def assert_port_free(port: int) -> None:
+    """Raise if a process still listens on ``port``, which would stop the next launcher's server from binding it.
+    Read from the kernel's socket table rather than by binding the port: a connection of some other program that
+    happens to use the same (ephemeral) port number is not a leftover of the test."""
+    listening = [
+        connection
+        for connection in psutil.net_connections("tcp")
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port
+    ]
+    assert not listening, f"port {port} is still listened on (process {[c.pid for c in listening]})"
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60, node: Node | None = None) -> None:

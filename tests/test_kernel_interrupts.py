@@ -9,6 +9,9 @@ here, MXNet in tests/test_mxnet_cluster.py).
 """
 
 import os
+import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -146,6 +149,40 @@ def test_a_kernel_restart_ends_the_launch(kernel, tmp_path, launcher):
     manager.restart_kernel(now=True)  # Kernel → Restart: the kernel is killed, with no cleanup of its own
     assert_all_gone(processes, timeout=10)
     assert_port_free(port)
+
+
+# A launcher that, like torchrun interrupted in its own shutdown, passes no signal on: its workers run in sessions of
+# their own, and it waits for them with SIGTERM ignored
+DEAF_LAUNCHER = """
+import signal, subprocess, sys
+worker = [sys.executable, "-u", *sys.argv[1:]]
+workers = [subprocess.Popen(worker, start_new_session=True) for _ in range(2)]
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for process in workers:
+    process.wait()
+"""
+
+
+def test_the_stop_ends_workers_that_the_launcher_does_not(tmp_path):
+    """The Jupyter kernel's part of a restart, without Jupyter: the interrupt that it sends first."""
+    script, launcher, up = tmp_path / "worker.py", tmp_path / "launcher.py", tmp_path / "up"
+    script.write_text(textwrap.dedent(WORKER))
+    launcher.write_text(DEAF_LAUNCHER)
+    up.mkdir()
+    command = [sys.executable, str(launcher), str(script), str(up), "120"]
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", f"from common.run import launch\nlaunch.run({command!r})"],
+        cwd=Path(__file__).parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until(lambda: len(list(up.iterdir())) == 2, "both workers to start")
+    workers = psutil.Process(kernel.pid).children(recursive=True)
+    kernel.send_signal(signal.SIGINT)
+    assert_all_gone(workers, timeout=5)
+    printed, _ = kernel.communicate(timeout=30)
+    assert "Interrupted: stopped python" in printed and "the 2 process(es)" in printed, printed
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import json
 import os
@@ -114,12 +115,21 @@ _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("lin
 
 
 def _stop(process: subprocess.Popen) -> int:
-    """End the launcher's whole process group (SIGTERM, then SIGKILL after 15 s); returns how many processes it had
-    started."""
+    """End the launcher and every process it started (SIGTERM, then SIGKILL after 15 s); returns how many it had
+    started.
+
+    The workers are signalled directly, before the launcher: torchrun starts each in a session of its own, out of
+    reach of the launcher's process group, and passes the signal on only if nothing interrupts its shutdown. A kernel
+    restart interrupts it: Jupyter interrupts the kernel (this function sends SIGTERM), then kills it at once, and the
+    kill reaches the launcher as a second SIGTERM (``PR_SET_PDEATHSIG``), which left both workers running in CI.
+    """
     try:
-        started = len(psutil.Process(process.pid).children(recursive=True))
+        workers = psutil.Process(process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        started = 0
+        workers = []
+    for worker in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.terminate()
     try:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=15)
@@ -128,4 +138,8 @@ def _stop(process: subprocess.Popen) -> int:
         process.wait()
     except ProcessLookupError:
         pass
-    return started
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    for worker in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.kill()
+    return len(workers)
