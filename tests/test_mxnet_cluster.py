@@ -7,6 +7,7 @@ is gone. tests/test_multinode.py interrupts a real worker of a real cluster.
 """
 
 import os
+import re
 import signal
 import subprocess
 import textwrap
@@ -94,8 +95,15 @@ def test_a_worker_that_dies_stops_the_scheduler_the_server_and_the_other_worker(
 
     codes = nodes.wait([scheduler, server, workers[1]], timeout=15)
     assert codes == {"scheduler": 1, "server": 1, "worker 1": 1}, "every other node stops, with an error"
-    assert "Stopped the MXNet cluster: worker 0 left before the end (its connection closed" in scheduler.output
-    assert "Stopped worker 1: worker 0 left the cluster before the end" in workers[1].output
+    # The server can leave at the same moment (about 1 run in 20 here, the watch read the server's closed connection
+    # first): the watch names the departure it reads first, once, to every node
+    stopped = re.search(
+        r"Stopped the MXNet cluster: (worker 0|server on \S+) left before the end \(its connection "
+        r"closed",
+        scheduler.output,
+    )
+    assert stopped, scheduler.output
+    assert f"Stopped worker 1: {stopped[1]} left the cluster before the end" in workers[1].output
     assert "Stopped server on " in server.output
     assert_ports_free(roles)
 

@@ -58,6 +58,7 @@ class Watch:
         self.done: set[str] = set()
         self.nodes: dict[socket.socket, str] = {}
         self.lock = threading.Lock()
+        self.stopping = False
         self.listener = socket.create_server(("", port))
 
     def serve(self) -> None:
@@ -94,8 +95,9 @@ class Watch:
             pass
         with self.lock:
             self.nodes.pop(connection, None)
-            if name is None or name in self.done or self.finished:
+            if name is None or name in self.done or self.finished or self.stopping:
                 return
+            self.stopping = True  # the first departure stops the cluster; the nodes it stops leave in its wake
             self._tell(f"stop {name} left the cluster before the end: {why}")
             told = len(self.nodes)
         _exit(f"Stopped the MXNet cluster: {name} left before the end ({why}); told the {told} other node(s) to stop.")
