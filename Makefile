@@ -13,7 +13,7 @@ GPU ?= auto
 TOOLS := .venvs/tools/bin/python
 export FRAMEWORKS
 
-.PHONY: setup run test lab lint lock prepare bench-loader bench-live bench-shm readme readme-setup workshop clean
+.PHONY: setup run test lab lint lock prepare bench-loader bench-live bench-shm bench-first-step readme readme-setup workshop clean
 
 # Skips every environment whose lock has not changed since it was installed (envs/install.py).
 setup:
@@ -70,6 +70,10 @@ bench-live: setup
 # Measures the shared memory (/dev/shm) one training process's data loader holds, and writes it into docker/README.md.
 bench-shm: setup
 	.venvs/pytorch/bin/python -m common.pytorch.shared_memory --readme docker/README.md $(BENCH_ARGS)
+
+# The TensorFlow notebooks' first training step (tracing, then the graph's first run), Keras' Adam against tfu.Adam.
+bench-first-step: setup
+	.venvs/tensorflow/bin/python -m common.tensorflow.first_step --readme README.md $(BENCH_ARGS)
 
 # Copies the table of the newest runs/<timestamp>/report.md (or RUN=...) into README.md.
 readme: setup

@@ -119,6 +119,33 @@ def fit_step(strategy):
     return [variable.numpy() for variable in model.trainable_weights]
 
 
+def adam_steps(strategy, optimizer_class, steps: int = 3) -> tuple[list, float, float]:
+    """The weights and Adam's slots after ``steps`` steps of ``optimizer_class``, how far the replicas' copies of
+    them are apart, and how far the weights moved."""
+    with strategy.scope():
+        model = make_model()
+        optimizer = optimizer_class(keras.optimizers.schedules.CosineDecay(0.01, decay_steps=10))
+    initial = [variable.numpy() for variable in model.trainable_weights]
+
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = tfu.replica_loss(labels, model(images, training=True), GLOBAL_BATCH)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    @tf.function
+    def distributed_step(batch):
+        strategy.run(step, args=batch)
+
+    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(make_batch()).repeat()))
+    for _ in range(steps):
+        distributed_step(next(batches))
+    state = [*model.trainable_weights, *optimizer._momentums, *optimizer._velocities]
+    copies = [[value.numpy() for value in getattr(variable.value, "values", [variable.value])] for variable in state]
+    first = [values[0] for values in copies]
+    apart = max(float(np.abs(copy - values[0]).max()) for values in copies for copy in values)
+    return first, apart, max_difference(first[: len(initial)], initial)
+
+
 def max_difference(a: list, b: list) -> float:
     return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
 
@@ -159,6 +186,17 @@ def main() -> None:
         "shared_moving_means": shared,
         "recomputed_moving_means": recomputed,
         "trained_two_vs_one": max_difference(trained2, trained1),
+    }
+    keras_adam, _, _ = adam_steps(tfu.make_strategy("mirrored", names, "cpu"), keras.optimizers.Adam)
+    fused_adam, apart, moved = adam_steps(tfu.make_strategy("mirrored", names, "cpu"), tfu.Adam)
+    fused_one, _, _ = adam_steps(tfu.make_strategy("mirrored", names[:1], "cpu"), tfu.Adam)
+    fused_central, _, _ = adam_steps(tfu.make_strategy("central_storage", names, "cpu"), tfu.Adam)
+    report["adam"] = {
+        "fused_vs_keras": max_difference(fused_adam, keras_adam),
+        "replicas_apart": apart,
+        "two_vs_one": max_difference(fused_adam, fused_one),
+        "central_storage_vs_mirrored": max_difference(fused_central, fused_adam),
+        "moved": moved,
     }
     report["tracings"] = {
         str(len(used)): tracings(tfu.make_strategy("mirrored", used, "cpu")) for used in (names[:1], names)
