@@ -46,8 +46,9 @@ def xla_default(given, kind: str) -> tuple[bool, str | None]:
 
 def compiled(network, policy: str = "float32", jit_compile: bool = False, seed: int = 0) -> keras.Model:
     """``network()`` built under the mixed-precision ``policy`` from ``seed`` (the same weights for the same seed) and
-    compiled for logits with Adam; ``jit_compile`` compiles its training step with XLA instead of running the traced
-    TensorFlow graph. Keras' own default, ``"auto"``, picks XLA only on a GPU and outside ``tf.distribute``.
+    compiled for logits with the training notebooks' Adam (:class:`tfu.Adam`); ``jit_compile`` compiles its training
+    step with XLA instead of running the traced TensorFlow graph. Keras' own default, ``"auto"``, picks XLA only on a
+    GPU and outside ``tf.distribute``.
 
     Under ``mixed_float16``, ``model.compile`` wraps the optimizer in dynamic loss scaling by itself.
     """
@@ -59,7 +60,7 @@ def compiled(network, policy: str = "float32", jit_compile: bool = False, seed: 
     finally:
         keras.mixed_precision.set_global_policy(before)
     model.compile(
-        optimizer=keras.optimizers.Adam(LEARNING_RATE),
+        optimizer=tfu.Adam(LEARNING_RATE),
         loss=keras.losses.BinaryCrossentropy(from_logits=True),
         jit_compile=jit_compile,
     )
