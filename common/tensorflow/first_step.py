@@ -29,6 +29,7 @@ def measure_one(devices: int, size: int, batch: int, optimizer: str, steps: int 
     import numpy as np
 
     from common.run import devices as common_devices
+    from common.run import params
     from common.tensorflow import utils as tfu
     from common.tensorflow.imports import keras, tf
 
@@ -41,7 +42,6 @@ def measure_one(devices: int, size: int, batch: int, optimizer: str, steps: int 
         optimizer = tfu.Adam(schedule) if optimizer == "fused" else keras.optimizers.Adam(schedule)
         optimizer.build(model.trainable_variables)
 
-    @tf.function
     def train_step(images, labels):  # the notebook's
         with tf.GradientTape() as tape:
             loss = tfu.replica_loss(labels, model(images, training=True), global_batch)
@@ -53,7 +53,7 @@ def measure_one(devices: int, size: int, batch: int, optimizer: str, steps: int 
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(train_step, args=batch), axis=None)
 
     images = np.random.default_rng(0).integers(0, 256, (global_batch, size, size, 1), dtype=np.uint8)
-    labels = np.zeros((global_batch, 14), np.float32)
+    labels = np.zeros((global_batch, params.NUM_CLASSES), np.float32)
     data = tf.data.Dataset.from_tensors((images, labels)).repeat()
     batches = iter(strategy.experimental_distribute_dataset(data))
     first = next(batches)
