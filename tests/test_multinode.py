@@ -8,6 +8,7 @@ every process is killed on the way out, whether the test passed or not.
 """
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -59,6 +60,42 @@ def test_pytorch_torchrun_two_nodes(notebook_data, tmp_path, cluster):
     result = protocol.read_result(tmp_path / f"host{written[0]}", "train")
     assert_ranks_agree(result["ranks"], world_size=2)
     assert result["history"]["train_loss"][-1] == result["ranks"][0]["train_loss"] and len(result["scores"])
+
+
+# Stand-ins for Slurm's commands on one machine: every node of the job is this host, and srun starts its command once
+# per node (the script asks for one task per node), failing when any of them fails.
+SCONTROL = "#!/bin/sh\necho localhost\n"
+SRUN = """#!/bin/bash
+pids=()
+for node in $(seq "$SLURM_NNODES"); do SLURM_NODEID=$((node - 1)) "$@" & pids+=($!); done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+exit $status
+"""
+
+
+@pytest.mark.environments("pytorch")
+def test_pytorch_slurm_batch_script(notebook_data, tmp_path, cluster):
+    """The batch script the PyTorch notebooks print for a Slurm cluster, run as sbatch would run it on two nodes."""
+    script = write_script("DataParallel_From_Scratch", "train_scratch.py", tmp_path)
+    options = dict(gradients="average", same_initial_weights=True, set_epoch=True, batch_norm="local")
+    config = protocol.multinode_config(write_config(tmp_path, notebook_data, 1, TINY, **options), nodes=2)
+    port = multinode.free_port()
+    batch = tmp_path / "train.sbatch"
+    batch.write_text(call("pytorch", "common.pytorch.utils.slurm_script", script, 2, 1, config, 1, "cpu", port))
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
+        (stand_ins / name).write_text(text)
+        (stand_ins / name).chmod(0o755)
+    job = dict(SLURM_JOB_ID=f"job{port}", SLURM_JOB_NODELIST="localhost", SLURM_NNODES="2")
+    job["PATH"] = f"{stand_ins}:{os.environ['PATH']}"
+    launcher = cluster.start("sbatch stand-in", ["bash", batch], env=job)
+    cluster.check([launcher], LAUNCH_TIMEOUT)
+
+    result = protocol.read_result(tmp_path, "train")  # one work folder: rank 0 alone writes it
+    assert sorted(report["rank"] for report in result["ranks"]) == [0, 1]
+    assert result["replicas_apart"] == 0, "the two nodes' processes trained one model"
 
 
 @pytest.mark.environments("mxnet-chainer")

@@ -178,7 +178,7 @@ def test_notebooks_whose_environment_is_not_installed_are_skipped_with_the_comma
     kept, skipped = run.runnable(notebooks, kernels)
     assert {path.stem for path in kept} == {
         "PyTorch_MultiGPU", "PyTorch_MultiGPU-Exp-Loss", "PyTorch_ModelParallel", "PyTorch_Speedups",
-        "Gluon_MultiGPU", "Chainer_MultiGPU",
+        "DataParallel_From_Scratch", "PyTorch_Sharded", "Gluon_MultiGPU", "Chainer_MultiGPU",
     }  # fmt: skip
     assert skipped == [
         "Keras_Speedups, Keras_TF_MultiGPU, Tensorflow_MultiGPU: skipped, the tensorflow environment is not installed "

@@ -12,6 +12,7 @@ import gc
 import itertools
 import os
 import random
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -97,6 +98,40 @@ def torchrun_multinode_command(
     """
     rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}"]
     return _torchrun([f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", *rendezvous], script, args)
+
+
+def multinode_instructions(script, nnodes: int, nproc: int, config, threads, endpoint: str = "host1:29400") -> str:
+    """What to run on each of ``nnodes`` hosts for the run of ``config`` (from
+    :func:`common.run.protocol.multinode_config`): the same command everywhere."""
+    command = torchrun_multinode_command(script, nnodes, nproc, endpoint, "chestxray", config)
+    hosts = " and on ".join(f"host{node + 1}" for node in range(nnodes))
+    return (
+        f"on {hosts} ({endpoint}: host1's name and a free port that the others can reach):\n"
+        f"  OMP_NUM_THREADS={threads} {shlex.join(command)}"
+    )
+
+
+def slurm_script(script, nnodes: int, nproc: int, config, threads, device_kind: str, port: int = 29400) -> str:
+    """A Slurm batch script (for ``sbatch``) of the same run on ``nnodes`` nodes: ``srun`` starts one ``torchrun`` per
+    node, and they meet at a c10d rendezvous on the job's first node, under the job's id, as PyTorch's multi-node
+    examples do. ``threads``: OMP threads per process."""
+    if device_kind == "gpu":
+        resources = f"#SBATCH --gpus-per-node={nproc}\n#SBATCH --cpus-per-task={nproc * int(threads)}"
+    else:
+        resources = f"#SBATCH --cpus-per-task={nproc * int(threads)}"
+    launcher = _torchrun([f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d"], script, [])
+    rendezvous = f'--rdzv-endpoint="$head_node:{port}" --rdzv-id="$SLURM_JOB_ID"'
+    lines = [
+        "#!/bin/bash",
+        "#SBATCH --job-name=chestxray",
+        f"#SBATCH --nodes={nnodes}",
+        "#SBATCH --ntasks-per-node=1  # one torchrun per node: it starts the node's processes",
+        resources,
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export OMP_NUM_THREADS={threads}",
+        f"srun {shlex.join(launcher[:-1])} {rendezvous} {shlex.join([str(script), str(config)])}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _torchrun(options: list[str], script, args) -> list[str]:

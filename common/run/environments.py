@@ -59,6 +59,8 @@ ENVIRONMENTS = {
                 "PyTorch_MultiGPU-Exp-Loss",
                 "PyTorch_ModelParallel",
                 "PyTorch_Speedups",
+                "DataParallel_From_Scratch",
+                "PyTorch_Sharded",
             ),
         ),
         Environment(

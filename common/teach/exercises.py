@@ -33,6 +33,11 @@ PARAMETERS = {
     "COMPILE": "compile",
     "PIPELINE_MICRO_BATCHES": "micro_batches",
     "WAYS": "variant",
+    "GRADIENTS": "gradients",
+    "SAME_INITIAL_WEIGHTS": "same_initial_weights",
+    "SET_EPOCH": "set_epoch",
+    "BATCH_NORM": "batch_norm",
+    "MLP_WIDTH": "mlp_width",
 }
 # What a run was asked to do: two runs compare when all of these agree but the one the exercise changes.
 SETTINGS = (
@@ -48,6 +53,11 @@ SETTINGS = (
     "kvstore",
     "compile",
     "micro_batches",
+    "gradients",
+    "same_initial_weights",
+    "set_epoch",
+    "batch_norm",
+    "mlp_width",
 )
 # The table's column of a record field, left out when that field is the table's index.
 COLUMNS = {"devices": "devices", "global_batch": "global batch", "learning_rate": "learning rate"}
