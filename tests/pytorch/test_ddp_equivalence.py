@@ -1,14 +1,10 @@
 """Data-parallel sync: one DDP step on 2 gloo ranks equals one step on 1 rank with the same global batch."""
 
-import os
-import socket
-
+import gloo_ranks
 import torch
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-
-from common.pytorch import utils as torch_utils
 
 GLOBAL_BATCH = 8
 
@@ -39,15 +35,7 @@ def one_step(model, images, labels) -> dict[str, torch.Tensor]:
 
 
 def rank_main(rank: int, world_size: int, port: int, batch_norm: bool, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
-    )
-    process = torch_utils.setup_distributed()  # the notebooks' own process-group setup
+    process = gloo_ranks.join(rank, world_size, port)  # the notebooks' own process-group setup
     images, labels = make_batch()
     share = GLOBAL_BATCH // world_size  # every rank gets its own slice of the global batch
     rows = slice(rank * share, (rank + 1) * share)
@@ -58,15 +46,9 @@ def rank_main(rank: int, world_size: int, port: int, batch_norm: bool, out: str)
     assert process.world_size == world_size
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def ddp_states(tmp_path, batch_norm: bool, world_size: int = 2):
     out = str(tmp_path / "state")
-    mp.spawn(rank_main, args=(world_size, free_port(), batch_norm, out), nprocs=world_size, join=True)
+    mp.spawn(rank_main, args=(world_size, gloo_ranks.free_port(), batch_norm, out), nprocs=world_size, join=True)
     return [torch.load(f"{out}.rank{rank}") for rank in range(world_size)]
 
 

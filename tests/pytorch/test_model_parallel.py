@@ -2,10 +2,9 @@
 arithmetic."""
 
 import json
-import os
-import socket
 import time
 
+import gloo_ranks
 import pandas as pd
 import pytest
 import torch
@@ -254,15 +253,7 @@ SPAWN_TIMEOUT = 120
 
 
 def rank_main(rank: int, port: int, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
-    )
-    process = tu.setup_distributed()
+    process = gloo_ranks.join(rank, 2, port)
     try:
         found = parallel.check_equivalence(process, **EQUIVALENCE)
         with open(f"{out}.rank{rank}", "w") as file:
@@ -271,15 +262,9 @@ def rank_main(rank: int, port: int, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def spawn_pipeline(out: str) -> None:
     """Both processes, killed if they outlive the timeout (a hung send/receive must not hang the suite)."""
-    context = mp.spawn(rank_main, args=(free_port(), out), nprocs=2, join=False)
+    context = mp.spawn(rank_main, args=(gloo_ranks.free_port(), out), nprocs=2, join=False)
     deadline = time.monotonic() + SPAWN_TIMEOUT
     try:
         while not context.join(timeout=1):
