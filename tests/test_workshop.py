@@ -19,6 +19,7 @@ def make_run(tmp_path):
     executed(tmp_path, "PyTorch_MultiGPU", 1, 150.0)
     executed(tmp_path, "PyTorch_MultiGPU", 2, 120.0)
     executed(tmp_path, "PyTorch_MultiGPU-Exp-Loss", 2, 90.0)  # its name holds a dash
+    executed(tmp_path, "DataParallel_From_Scratch", 2, 60.0)
     for devices, rate, auc in ((1, 50.0, 0.85), (2, 70.0, 0.86)):
         results.write(complete_record(devices=devices, images_per_second=rate, test_auc=auc), tmp_path / "results")
     ram = dict(data=results.IN_RAM, epochs=0, test_auc=None, per_class_auc={})
@@ -34,12 +35,15 @@ def test_run_minutes_come_from_papermills_timing_of_each_executed_notebook(tmp_p
         ("PyTorch_MultiGPU", 1): 2.5,
         ("PyTorch_MultiGPU", 2): 2.0,
         ("PyTorch_MultiGPU-Exp-Loss", 2): 1.5,
+        ("DataParallel_From_Scratch", 2): 1.0,
     }
 
 
 def test_the_guide_quotes_the_runs_figures_and_marks_what_it_lacks(tmp_path):
     text = workshop.guide(make_run(tmp_path))
     assert "| `PyTorch_MultiGPU`, `DEVICES=1`, then `DEVICES=2` | 2.5 min, 2.0 min |" in text
+    assert '| `DataParallel_From_Scratch`, `DEVICES=2`, then `GRADIENTS="local"` | 1.0 min, 1.0 min |' in text
+    assert "The test AUC: –, the copies in step" in text, "no record of the opener in this run: no figure"
     assert "50.0 images/s on 1 device,\n  70.0 on 2: a scaling efficiency of\n  70%" in text
     assert "The test AUC: 0.850 on 1 device, 0.860 on 2." in text
     assert "one device alone: 40.0; naive model parallelism" in text and "DDP on the same two devices: 60.0" in text

@@ -104,7 +104,8 @@ def guide(run_dir) -> str:
     f = Figures(run_dir)
     records = {name: environments.install_record(name) for name in (environments.TOOLS, *environments.ENVIRONMENTS)}
     disk, setup_table = environment_needs(records)
-    pt, mp = "PyTorch_MultiGPU", "PyTorch_ModelParallel"
+    opener, pt, mp = "DataParallel_From_Scratch", "PyTorch_MultiGPU", "PyTorch_ModelParallel"
+    runs = f.time(opener, 2)  # the opener runs twice: as it is, then with GRADIENTS="local"
     in_ram = {way: f.value(f"{mp} ({way})", count, "ram_images_per_second", ".1f")
               for way, count in (("single-device", 1), ("naive-model-parallel", 2), ("ddp", 2))}  # fmt: skip
     pipelines = [
@@ -146,13 +147,26 @@ this guide.
 | minutes | part | notebook and parameters | run time |
 |---|---|---|---|
 | 0-10 | data vs. model parallelism, the talk | – | – |
-| 10-35 | data parallelism, 1 and 2 devices | `{pt}`, `DEVICES=1`, then `DEVICES=2` | {f.time(pt, 1)}, {f.time(pt, 2)} |
-| 35-45 | where the time went, what held the run back | the same outputs: **Train**'s phase table, **Record** | – |
+| 10-25 | data parallelism by hand | `{opener}`, `DEVICES=2`, then `GRADIENTS="local"` | {runs}, {runs} |
+| 25-40 | data parallelism, 1 and 2 devices | `{pt}`, `DEVICES=1`, then `DEVICES=2` | {f.time(pt, 1)}, {f.time(pt, 2)} |
+| 40-45 | where the time went, what held the run back | the same outputs: **Train**'s phase table, **Record** | – |
 | 45-65 | model parallelism and the pipeline's bubble | `{mp}`, `DEVICES=2` | {f.time(mp, 2)} |
 | 65-80 | the same data parallelism in another framework | one of the four below, `DEVICES=2` | see below |
 | 80-90 | exercises, questions | the **Exercises** at the end of each notebook | – |
 
-## 10-35: data parallelism
+## 10-25: data parallelism by hand
+
+Run `{opener}` with `DEVICES=2`. Two processes train a small network; after each backward
+pass they average their gradients with `dist.all_reduce`, a dozen lines on the page. What participants should observe:
+
+- **One step, four ways**: the hand-written step equals one process stepping on the whole batch and DDP's step, to
+  rounding; local BatchNorm does not (each process normalizes its own share), global BatchNorm does.
+- The test AUC: {f.value(opener, 2, "test_auc", ".3f")}, the copies in step ("largest difference ... from rank 0's: 0").
+- Then Exercise 1 with `GRADIENTS="local"` (no all-reduce): nothing fails and the loss still falls, but the two copies
+  drift apart and score differently. Ask what would have found the bug (a check across processes, as the next notebook
+  makes with a fingerprint of the weights).
+
+## 25-40: data parallelism
 
 Run `{pt}` with `DEVICES=1` (edit the parameters cell, then Run All), then with `DEVICES=2`. While it trains, the
 live view under **Train** shows the cores at work. What participants should observe:
@@ -166,7 +180,7 @@ live view under **Train** shows the cores at work. What participants should obse
   parallelism changes the batch and the learning rate, not the model: ask whether the difference is larger than
   run-to-run noise (change `SEED` to find out).
 
-## 35-45: where the time went
+## 40-45: where the time went
 
 The phase table after **Train** and the diagnosis in **Record** ("What held this run back") answer "why is it not
 twice as fast?". On the reference machine the verdicts were {f.verdict(pt, 1)} on 1 device and {f.verdict(pt, 2)} on

@@ -53,8 +53,8 @@ echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])') ($PY)"
 
 # the notebooks whose environment's kernel is here (the others are named by common.run), but Gluon on Hopper and newer
 capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | sort -n | head -1)
-notebooks=(PyTorch_MultiGPU PyTorch_MultiGPU-Exp-Loss PyTorch_ModelParallel Tensorflow_MultiGPU Keras_TF_MultiGPU
-    Chainer_MultiGPU)
+notebooks=(PyTorch_MultiGPU PyTorch_MultiGPU-Exp-Loss PyTorch_ModelParallel DataParallel_From_Scratch PyTorch_Sharded
+    Tensorflow_MultiGPU Keras_TF_MultiGPU Chainer_MultiGPU)
 if [ "${capability%%.*}" -ge 9 ]; then
     echo "Gluon_MultiGPU: skipped, MXNet has no kernels for compute capability $capability (its wheels stop at sm_86)"
 else
