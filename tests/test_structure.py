@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import nbformat
+import papermill
 import pytest
 
 from common.run import environments
@@ -70,6 +71,17 @@ def test_one_parameters_cell_with_the_shared_names(notebook):
     names = {target.id for node in ast.parse(tagged[0].source).body for target in node.targets}
     assert PARAMETERS <= names, f"missing {sorted(PARAMETERS - names)}"
     assert all(name.isupper() for name in names), f"parameters are UPPER_CASE: {sorted(names)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
+def test_papermill_reads_every_parameter_with_its_help(path, caplog):
+    """``papermill --help-notebook`` and its parameter inspection skip a line they cannot parse (one with a second
+    "=", even in its comment) with only a logged warning: that parameter then has no default and no help there."""
+    found = papermill.inspect_notebook(path)
+    assert set(found) == parameter_names(nbformat.read(path, as_version=4)), caplog.text
+    tagged = next(cell for cell in nbformat.read(path, as_version=4).cells if "parameters" in cell.metadata.get("tags", []))
+    commented = {line.split("=")[0].strip() for line in tagged.source.splitlines() if "#" in line}
+    assert all(found[name]["help"] for name in commented), "a comment papermill did not read as the help"
 
 
 def parameter_names(notebook) -> set[str]:
