@@ -205,3 +205,48 @@ def test_variants_get_rows_of_their_own_with_their_benchmark():
     assert table.loc["PyTorch_MultiGPU-Exp-Loss (ddp)", "verdict"] == dg.BUSY
     found = dict((record.get("variant"), result) for record, result in dg.diagnoses(records))
     assert found["ddp"].numbers[dg.RAM_RATE] == 2500.0 and found["dp-gather"].numbers[dg.RAM_RATE] is None
+
+
+def test_the_verdict_agrees_with_the_steps_share_it_shows():
+    """47% of the run outside the steps and 44% in them is not "the steps keep the devices busy"."""
+    rows = phases(44.0, ("start-up", 25.0), ("test", 13.0))
+    rows.append({"phase": "teardown", "start": rows[-1]["start"] + 53.0, "seconds": 9.0})  # 9 s between phases
+    found = dg.diagnose(training(phases=rows))
+    assert found.numbers[dg.OUTSIDE] == pytest.approx(0.47) and found.numbers[dg.STEPS_SHARE] == pytest.approx(0.44)
+    assert found.verdict == dg.START_UP
+    busy = dg.diagnose(training(), in_ram())
+    assert busy.verdict == dg.BUSY and dg.STEPS_SHARE in busy.behind and dg.OUTSIDE not in busy.behind
+
+
+@pytest.mark.parametrize(
+    ("framework", "kind", "said", "not_said"),
+    [
+        ("pytorch", "gpu", "cuDNN's autotuning", "tracing"),
+        ("pytorch", "cpu", "allocating", "cuDNN"),
+        ("tensorflow", "cpu", "tracing the step", "COMPILE"),
+        ("mxnet", "cpu", "hybridized graph", "cuDNN"),
+    ],
+)
+def test_first_steps_advice_names_what_the_framework_does_there(framework, kind, said, not_said):
+    record = training(framework=framework, device_kind=kind, phases=phases(30.0, ("first steps", 40.0)))
+    found = dg.diagnose(record)
+    assert found.verdict == dg.START_UP and said in found.first_try and not_said not in found.first_try
+
+
+@pytest.mark.parametrize(
+    ("framework", "notebook", "kind", "said", "not_said"),
+    [
+        ("chainer", "Chainer_MultiGPU", "cpu", "more cores", "PRECISION='mixed'"),  # fp32 only on CPUs
+        ("pytorch", "PyTorch_MultiGPU", "cpu", "PRECISION='mixed'", "CUDA graphs"),
+        ("chainer", "Chainer_MultiGPU", "gpu", "PRECISION='mixed'", "torch.compile"),
+        ("mxnet", "Gluon_MultiGPU", "gpu", "static_shape", "torch.compile"),
+        ("keras", "Keras_TF_MultiGPU", "gpu", "jit_compile", "torch.compile"),
+        ("pytorch", "PyTorch_Sharded", "gpu", "torch.compile", "PRECISION='mixed'"),  # fp32 by design
+    ],
+)
+def test_busy_advice_is_what_that_notebook_can_do_on_that_device(framework, notebook, kind, said, not_said):
+    utilization = gpus(90.0, 90.0) if kind == "gpu" else {}
+    record = training(framework=framework, notebook=notebook, device_kind=kind, device_utilization=utilization)
+    found = dg.diagnose(record, in_ram(device_kind=kind, framework=framework, notebook=notebook))
+    assert found.verdict == dg.BUSY, found
+    assert said in found.first_try and not_said not in found.first_try, found.first_try

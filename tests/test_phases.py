@@ -17,8 +17,9 @@ def test_phases_are_timed_summed_per_name_and_the_rest_of_the_span_shown():
     assert list(table.index) == ["start-up", "train", run_phases.BETWEEN]
     assert table.loc["train", "seconds"] == 7.0 and table.loc["train", "times"] == 2
     assert table.loc[run_phases.BETWEEN, "seconds"] == 1.0  # 102..103
-    assert table["share of run"].sum() == pytest.approx(1.0)
-    assert run_phases.outside_steps(phases.rows()) == 2.0
+    assert table["share of the run so far"].sum() == pytest.approx(1.0)
+    assert run_phases.steps_share(phases.rows()) == pytest.approx(0.7)  # 7 s of training in the 10 s span
+    assert run_phases.table(phases.rows()).loc["train", "share of run"] == pytest.approx(0.7)
 
 
 def test_a_launched_scripts_phases_fall_between_its_launch_and_teardown():

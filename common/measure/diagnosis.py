@@ -7,7 +7,7 @@ utilization and peak memory of each device (:mod:`common.measure.monitor`) show 
 the one-device run of the same notebook shows what the extra devices added. :func:`diagnose` applies the rules below in
 this order and gives the first that holds; a rule whose figures are missing is skipped and says so:
 
-1. ``start-up or evaluation dominated``: most of the run went outside its steady steps.
+1. ``start-up or evaluation dominated``: more of the run went outside its steady steps than into them.
 2. ``input-bound``: the loop waited for batches, or trained well below the in-RAM speed of the same step.
 3. ``devices unevenly used``: the devices' utilization or peak memory differ by much.
 4. ``communication-bound``: the devices together reached well under devices x the one-device speed.
@@ -38,8 +38,6 @@ COMMUNICATION = "communication-bound"
 BUSY = "the steps keep the devices busy"
 VERDICTS = (START_UP, INPUT, UNEVEN, COMMUNICATION, BUSY)  # in the order the rules are tried
 
-# More than half the run outside the steady steps: the steps no longer decide how long a run takes.
-OUTSIDE_SHARE = 0.5
 # Nearly a third of the training seconds spent waiting: removing the wait would speed training up by 40% or more,
 # more than most changes to the step itself give.
 WAIT_SHARE = 0.3
@@ -59,12 +57,10 @@ SCALING_EFFICIENCY = 0.6
 # Mean utilization below which "busy" steps still leave the device idle between kernels (launch and host overhead).
 LOW_UTILIZATION = 60.0
 
-# The steady steps; their warm-ups (tracing, autotuning, compiling) are start-up costs a longer run pays once.
-STEPS = ("train", "benchmark")
-
 # The names of the figures in Diagnosis.numbers, as a reader sees them.
 SPAN = "run span"
 OUTSIDE = "outside the steps, share of the run"
+STEPS_SHARE = "steps, share of the run"
 LARGEST = "largest phase outside the steps"
 LARGEST_SECONDS = "time in the largest phase"
 WAIT = "waiting for batches, share of training time"
@@ -129,9 +125,9 @@ def diagnose(
     # 1. Start-up or evaluation
     if numbers[OUTSIDE] is None:
         skipped.append(f"{START_UP}: the record holds no phases")
-    elif numbers[OUTSIDE] > OUTSIDE_SHARE:
+    elif numbers[OUTSIDE] > numbers[STEPS_SHARE]:  # the steps no longer decide how long the run takes
         phase, seconds = numbers[LARGEST], numbers[LARGEST_SECONDS]
-        advice = PHASE_ADVICE.get(phase, PHASE_ADVICE["start-up"])
+        advice = _phase_advice(phase, training)
         return verdict(
             START_UP, (OUTSIDE, LARGEST, LARGEST_SECONDS), f"The largest is {phase} ({seconds:,.0f} s): {advice}"
         )
@@ -169,7 +165,7 @@ def diagnose(
         return verdict(COMMUNICATION, (EFFICIENCY, WAIT), advice)
 
     # 5. Busy
-    behind = tuple(name for name in (UTILIZATION, OUTSIDE, WAIT, EFFICIENCY) if numbers[name] is not None)
+    behind = tuple(name for name in (UTILIZATION, STEPS_SHARE, WAIT, EFFICIENCY) if numbers[name] is not None)
     return verdict(BUSY, behind or (TRAIN_RATE,), _busy_advice(training, numbers[UTILIZATION]))
 
 
@@ -198,8 +194,6 @@ PHASE_ADVICE = {
     "every image.",
     "model build": "train more epochs per run (EPOCHS): building and placing the model is paid once per run.",
     "check": "train more epochs per run (EPOCHS): the check of the parallel arithmetic is paid once per run.",
-    "first steps": "train more epochs per run (EPOCHS): tracing, cuDNN autotuning and compiling are paid once per run "
-    "(COMPILE=False shortens them in PyTorch).",
     "validate": "validate less often or with a larger batch: the validation split is scored after every epoch.",
     "checkpoint": "checkpoint less often or to a faster disk (CHECKPOINT_DIR=None writes none).",
     "precise BN": "re-estimate BatchNorm on fewer batches (common.run.params.BATCH_NORM_BATCHES) or train more epochs.",
@@ -214,6 +208,35 @@ FRAMEWORK_EXCHANGE = {
     "keras": "; and MirroredStrategy's NCCL all-reduce rather than central_storage.",
     "chainer": "; and the pure_nccl communicator.",
 }
+
+
+# What a framework's first steps do that later steps do not, on (GPU, CPU) devices.
+FIRST_STEPS = {
+    "pytorch": (
+        "cuDNN's autotuning, and torch.compile's compiling where COMPILE=True,",
+        "allocating the step's memory",
+    ),
+    "tensorflow": ("tracing the step into a graph and autotuning its kernels",) * 2,
+    "keras": ("tracing the step into a graph and autotuning its kernels",) * 2,
+    "mxnet": ("building the hybridized graph and its memory",) * 2,
+    "chainer": ("compiling CuPy's kernels and allocating the step's memory", "allocating the step's memory"),
+}
+# Notebooks that train in fp32 only (their parameter cells say why): no mixed precision to advise.
+FP32_ONLY = ("DataParallel_From_Scratch", "PyTorch_Sharded")
+
+
+def _phase_advice(phase: str, training: dict) -> str:
+    if phase != "first steps":
+        return PHASE_ADVICE.get(phase, PHASE_ADVICE["start-up"])
+    gpu, cpu = FIRST_STEPS.get(training.get("framework"), ("the warm-up",) * 2)
+    return f"train more epochs per run (EPOCHS): {gpu if training.get('device_kind') == 'gpu' else cpu} is paid once."
+
+
+def _mixed_precision_helps(training: dict) -> bool:
+    """Whether PRECISION='mixed' is worth advising: the notebook has it, the device runs it, the run did not use it."""
+    if training.get("precision") == "mixed" or training.get("notebook") in FP32_ONLY:
+        return False
+    return not (training.get("framework") == "chainer" and training.get("device_kind") != "gpu")  # fp32 on CPUs
 
 
 def _input_advice(training: dict) -> str:
@@ -251,30 +274,46 @@ def _uneven_advice(training: dict) -> str:
     return "Check that every device gets an equal share of each batch and that nothing else runs on the busiest device."
 
 
+# Where each framework's notebook makes the step itself faster: (the compiler it has, the notebook that measures it).
+STEP_TOOLS = {
+    "pytorch": ("torch.compile, CUDA graphs", "PyTorch_Speedups"),
+    "tensorflow": ("XLA, jit_compile=True", "Keras_Speedups"),
+    "keras": ("XLA, jit_compile=True", "Keras_Speedups"),
+    "mxnet": ("hybridize(static_shape=True)", None),
+    "chainer": (None, None),
+}
+
+
 def _busy_advice(training: dict, utilization: float | None) -> str:
-    keras = training.get("framework") in ("keras", "tensorflow")
-    toolbox = "Keras_Speedups" if keras else "PyTorch_Speedups"
-    compiler = "XLA, jit_compile=True" if keras else "torch.compile, CUDA graphs"
+    compiler, toolbox = STEP_TOOLS.get(training.get("framework"), (None, None))
+    measures = f" ({toolbox} measures each)" if toolbox else ""
+    mixed = _mixed_precision_helps(training)
+    if training.get("device_kind") != "gpu":
+        bf16 = " or PRECISION='mixed' where this CPU has bfloat16 instructions" if mixed else ""
+        return (
+            f"The simulated devices keep the cores busy: more cores (or GPUs) would speed the steps up{bf16}{measures}."
+        )
     if utilization is not None and utilization < LOW_UTILIZATION:
+        fewer = f" ({compiler})" if compiler else ""
         return (
             "The devices still idle between kernels: a larger BATCH_SIZE_PER_DEVICE, or fewer host round-trips per "
-            f"step ({compiler}: {toolbox})."
+            f"step{fewer}{measures}."
         )
-    if training.get("precision") != "mixed":
-        return f"Make the step itself faster: PRECISION='mixed' and a larger batch ({toolbox} measures each)."
-    return f"Make the step itself faster: a larger batch and a compiler ({compiler}: {toolbox} measures each)."
+    ways = ["PRECISION='mixed'"] * mixed + ["a larger batch"] + [f"a compiler ({compiler})"] * bool(compiler)
+    listed = ", ".join(ways[:-1]) + " and " + ways[-1] if len(ways) > 1 else ways[0]
+    return f"Make the step itself faster: {listed}{measures}."
 
 
 def _outside_steps(rows: list[dict] | None) -> dict:
     """Span, share outside the steady steps and the largest phase there; None for each without phases."""
-    found = dict.fromkeys((SPAN, OUTSIDE, LARGEST, LARGEST_SECONDS))
+    found = dict.fromkeys((SPAN, STEPS_SHARE, OUTSIDE, LARGEST, LARGEST_SECONDS))
     if not rows:
         return found
     span = max(row["start"] + row["seconds"] for row in rows) - min(row["start"] for row in rows)
     if span <= 0:
         return found
-    outside = run_phases.table(rows).drop(index=[*STEPS, run_phases.BETWEEN], errors="ignore")["seconds"]
-    found.update({SPAN: span, OUTSIDE: float(outside.sum()) / span})
+    outside = run_phases.table(rows).drop(index=[*run_phases.STEPS, run_phases.BETWEEN], errors="ignore")["seconds"]
+    found.update({SPAN: span, STEPS_SHARE: run_phases.steps_share(rows), OUTSIDE: float(outside.sum()) / span})
     if len(outside):
         found.update({LARGEST: str(outside.idxmax()), LARGEST_SECONDS: float(outside.max())})
     return found
@@ -344,6 +383,7 @@ def _readable(name: str, value) -> str:
 READABLE = {
     SPAN: "{:,.1f} s",
     OUTSIDE: "{:.0%}",
+    STEPS_SHARE: "{:.0%}",
     LARGEST_SECONDS: "{:,.1f} s",
     WAIT: "{:.0%}",
     RATE_RATIO: "{:.0%}",

@@ -84,12 +84,13 @@ class Phases:
         self.extend(rows)
         self.add("teardown", last, returned)
 
+    def table(self) -> pd.DataFrame:
+        """:func:`table` of the phases so far: in a notebook, its share column is a share of the run so far."""
+        return table(self.rows()).rename(columns={"share of run": "share of the run so far"})
+
     def rows(self) -> list[dict]:
         """``[{"phase", "start" (Unix seconds), "seconds", "epoch" (repeating phases)}]``, in time order."""
         return sorted(self._rows, key=lambda row: row["start"])
-
-    def table(self) -> pd.DataFrame:
-        return table(self.rows())
 
 
 BETWEEN = "between phases"  # the rest of the run's span: cells that time nothing, a person's pauses
@@ -102,7 +103,7 @@ def table(rows: list[dict]) -> pd.DataFrame:
     total = frame.groupby("phase", sort=False)["seconds"].agg(["sum", "count"])
     total = total.reindex([name for name in ORDER if name in total.index])
     out = pd.DataFrame({"seconds": total["sum"], "times": total["count"]})
-    span = (frame["start"] + frame["seconds"]).max() - frame["start"].min() if len(frame) else 0.0
+    span = _span(rows)
     out.loc[BETWEEN] = [max(0.0, span - out["seconds"].sum()), 0]
     out["times"] = out["times"].astype(int)
     out["share of run"] = out["seconds"] / span if span else float("nan")
@@ -110,11 +111,20 @@ def table(rows: list[dict]) -> pd.DataFrame:
     return out
 
 
-def outside_steps(rows: list[dict]) -> float:
-    """Seconds of the run outside its steps (start-up, data check, launch, validation, precise BN, test, teardown):
-    the waste a GPU run should avoid. The first steps (autotuning, tracing, compiling) are counted apart."""
-    counted = {"first steps", "train", "benchmark warm-up", "benchmark"}
-    return sum(row["seconds"] for row in rows if row["phase"] not in counted)
+# The steady steps; their warm-ups (tracing, autotuning, compiling) are start-up costs a longer run pays once.
+STEPS = ("train", "benchmark")
+
+
+def steps_share(rows: list[dict]) -> float | None:
+    """The steady steps' (``STEPS``) share of the run's span, from the first phase's start to the last one's end: the
+    one figure the phase tables, the report, the diagnosis and the exercises' answers call the steps' share. The rest
+    of the span is outside the steps (start-up, evaluation, warm-ups: the diagnosis' figure) or between phases."""
+    span = _span(rows)
+    return sum(row["seconds"] for row in rows if row["phase"] in STEPS) / span if span else None
+
+
+def _span(rows: list[dict]) -> float:
+    return max(row["start"] + row["seconds"] for row in rows) - min(row["start"] for row in rows) if rows else 0.0
 
 
 def timed_steps(step, steps: int, wait, phases: Phases | None = None, warmup: int = 2) -> float:

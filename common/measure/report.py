@@ -193,7 +193,7 @@ def phase_table(records: list[dict]) -> pd.DataFrame:
     for (notebook, devices), record in newest_runs(records).items():
         table = phases.table(record["phases"])
         row = table["seconds"].to_dict()
-        row["steps share"] = row.get("train", 0.0) / table["seconds"].sum()
+        row["steps share"] = phases.steps_share(record["phases"])
         rows[f"{notebook} ({devices} dev)"] = row
     columns = [name for name in [*phases.ORDER, phases.BETWEEN] if any(name in row for row in rows.values())]
     return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=[*columns, "steps share"])
@@ -279,7 +279,8 @@ def phases_section(table: pd.DataFrame) -> str:
     return (
         markdown(table.rename_axis("run"), percent=("steps share",))
         + "\n\nSeconds of each phase (`common.measure.phases`: repeated phases summed over the epochs); *steps share*: "
-        "the training steps' share of the run, the part that uses the devices for what the run is for."
+        "the steady steps' (train and benchmark) share of the run's span, the part that uses the devices for what the"
+        " run is for; the diagnosis' *outside the steps* is the timed rest, without the time between phases."
     )
 
 

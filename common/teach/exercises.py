@@ -18,7 +18,7 @@ import re
 
 import pandas as pd
 
-from common.measure import diagnosis, report, results
+from common.measure import diagnosis, phases, results
 
 # A notebook parameter and the record field that says which value a run had ("prepared": prepared_size is set).
 PARAMETERS = {
@@ -204,7 +204,7 @@ def _row(record: dict, everything: list[dict], fields) -> dict:
         row["scaling efficiency"] = 1.0 if record["devices"] == 1 else numbers[diagnosis.EFFICIENCY]
         row["test AUC"] = record.get("test_auc")
         row["waiting share"] = numbers[diagnosis.WAIT]
-        row["steps share"] = _steps_share(record)
+        row["steps share"] = phases.steps_share(record["phases"]) if record.get("phases") else None
         row["peak MiB"] = _peak(record)
         row["diagnosis"] = found.verdict
     for name in fields:
@@ -254,13 +254,6 @@ def _single_device(record: dict, everything: list[dict]) -> float | None:
         and not _differences(r, record, {"devices"})
     ]
     return same[-1]["images_per_second"] if same else None
-
-
-def _steps_share(record: dict) -> float | None:
-    """The training steps' share of the run, as the report's phase table has it."""
-    if not record.get("phases"):
-        return None
-    return float(report.phase_table([record])["steps share"].iloc[0])
 
 
 def _peak(record: dict) -> float | None:
