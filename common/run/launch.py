@@ -16,6 +16,8 @@ from collections import deque
 
 import psutil
 
+from common.errors import Interrupted
+
 # The notebook parameters that shape a run: a worker started by hand on another machine gets every one of them, so that
 # it trains the run its notebook printed, not its own machine's defaults.
 WORKER_PARAMETERS = (
@@ -77,8 +79,8 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
         code = process.wait()
     except BaseException as error:
         stopped = _stop(process)
-        if isinstance(error, KeyboardInterrupt):  # the stop button: say what it ended, the traceback does not
-            print(f"\nInterrupted: stopped {name(command)} and the {stopped} process(es) it started.")
+        if isinstance(error, KeyboardInterrupt):  # the stop button: say what it ended, without a traceback
+            raise Interrupted(f"stopped {name(command)} and the {stopped} process(es) it started.") from None
         raise
     finally:
         process.stdout.close()
