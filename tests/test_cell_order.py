@@ -59,7 +59,8 @@ def test_a_cell_above_run_again_makes_the_cells_after_it_out_of_date(cells):
     # the parameters changed and ran again after Data: Data's list is stale, and Train must not use it
     ran = {SETUP: 1, PARAMETERS: 6, DATA: 3, MODEL: 4, STEP: 5}
     reason = cell_order.problem(cells, ran, cells[TRAIN])
-    assert '"## Data"' in reason and 'ran before the cell under "## Parameters"' in reason and "out of date" in reason
+    assert reason.startswith('the cell under "## Parameters"') and 'after the cell under "## Data"' in reason
+    assert "what the lower one made is out of date. Run the cells from the lower one down" in reason
 
 
 def test_a_run_once_cell_runs_again_only_after_the_section_above_it(cells):

@@ -83,8 +83,8 @@ def problem(cells: list[Cell], ran: dict[int, int], cell: Cell) -> str | None:
             return f"{earlier.name} has not run in this kernel yet. Run the cells from it down to this one first."
         if ran[earlier.index] < newest:
             return (
-                f"{earlier.name} ran before {newest_cell.name} was run again, so what it made is out of date. Run "
-                "the cells from it down to this one again first."
+                f"{newest_cell.name} was run again after {earlier.name} below it, so what the lower one made is out "
+                "of date. Run the cells from the lower one down to this one again first."
             )
         newest, newest_cell = ran[earlier.index], earlier
     if RUN_ONCE in cell.tags and cell.index in ran and above:
