@@ -8,6 +8,7 @@ import concurrent.futures
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import papermill
 import pytest
 
 from common.measure import results
-from common.run import environments
+from common.run import checkpoints, environments
 
 NOTEBOOK_DIR = Path(__file__).parent.parent / "notebooks"
 # Three epochs on 800 generated 64-pixel images reach a mean test AUC of about 0.82-0.87 on 1 and on
@@ -102,17 +103,19 @@ def execute(
 
 
 def records_by_devices(
-    name: str, data_dir, out: Path, side_by_side: bool = False, **parameters
+    name: str, data_dir, out: Path, side_by_side: bool = False, checkpoints: bool = False, **parameters
 ) -> dict[int, dict[str, dict]]:
     """Run the notebook on 1 device under nbval (cell by cell, failing on any error, as a person runs it) and on 2
-    with papermill, one after the other or ``side_by_side``: ``{devices: {data kind: record}}``."""
+    with papermill, one after the other or ``side_by_side``: ``{devices: {data kind: record}}``. With
+    ``checkpoints``, the 1-device run saves one after every epoch in ``out/1/checkpoints``."""
+    one = {"CHECKPOINT_DIR": str(out / "1" / "checkpoints")} if checkpoints else {}
     if side_by_side:
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             two = pool.submit(execute, name, data_dir, out / "2", DEVICES=2, **parameters)
-            run_nbval(name, data_dir, out / "1", DEVICES=1, **parameters)
+            run_nbval(name, data_dir, out / "1", DEVICES=1, **one, **parameters)
             two.result()
     else:
-        run_nbval(name, data_dir, out / "1", DEVICES=1, **parameters)
+        run_nbval(name, data_dir, out / "1", DEVICES=1, **one, **parameters)
         execute(name, data_dir, out / "2", DEVICES=2, **parameters)
     return {devices: {r["data"]: r for r in results.load_all(out / str(devices) / "results")} for devices in (1, 2)}
 
@@ -167,6 +170,8 @@ BAD_INPUT = {
     "fewer-than-one-batch": ({"BATCH_SIZE_PER_DEVICE": 4096}, "fewer than one global batch"),
 }
 
+IN_EACH_NOTEBOOK = ("too-many-devices", "fewer-than-one-batch")
+
 
 class NotebookContract:
     """What every training notebook must do, run on 1 (under nbval) and 2 simulated CPU devices.
@@ -184,10 +189,13 @@ class NotebookContract:
     # What the commands printed under "More than one machine" must carry so that every process of a two-machine run
     # trains this run (its global batch and learning rate, its parameters).
     MULTI_MACHINE: str
+    # Whether the 1-device run saves a checkpoint after every epoch (ResumeContract resumes from them).
+    CHECKPOINTS = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.pytestmark = [*getattr(cls, "pytestmark", []), marks(cls.NOTEBOOK)]
+        if hasattr(cls, "NOTEBOOK"):  # not on an intermediate contract (ResumeContract)
+            cls.pytestmark = [*getattr(cls, "pytestmark", []), marks(cls.NOTEBOOK)]
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -197,7 +205,7 @@ class NotebookContract:
     @pytest.fixture(scope="class")
     @classmethod
     def runs(cls, notebook_data, run_dir):
-        return records_by_devices(cls.NOTEBOOK, notebook_data, run_dir, cls.SIDE_BY_SIDE, **cls.TINY)
+        return records_by_devices(cls.NOTEBOOK, notebook_data, run_dir, cls.SIDE_BY_SIDE, cls.CHECKPOINTS, **cls.TINY)
 
     @pytest.mark.parametrize("devices", [1, 2])
     def test_records_are_complete(self, runs, devices):
@@ -228,6 +236,47 @@ class NotebookContract:
         printed = "".join(out.get("text", "") for cell in cells if cell.cell_type == "code" for out in cell.outputs)
         assert "host2" in printed and self.MULTI_MACHINE in printed
 
-    @pytest.mark.parametrize(("parameters", "message"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
+    # Each framework finds its own devices, and too few images for a step is the last check before training (in
+    # **Data**); a zero batch and a missing folder are refused by the shared params.fill and synthetic.data_dir
+    # (tests/test_params.py, tests/test_chestxray.py), which tests/test_structure.py finds above "## Train" in every
+    # notebook.
+    @pytest.mark.parametrize(
+        ("parameters", "message"), [BAD_INPUT[name] for name in IN_EACH_NOTEBOOK], ids=IN_EACH_NOTEBOOK
+    )
     def test_bad_input_stops_before_training(self, notebook_data, tmp_path, parameters, message):
         assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, parameters, message)
+
+
+class ResumeContract(NotebookContract):
+    """A :class:`NotebookContract` whose notebook checkpoints and resumes: its 1-device run saves a checkpoint after
+    every epoch; with the last one taken away, as if the run had died during its last epoch, ``RESUME=True`` trains
+    that epoch only and records the whole run. (That a checkpoint survives a SIGKILL at any moment is
+    ``common.run.checkpoints.save``'s, shared by every notebook: tests/test_resume.py kills a PyTorch run.)"""
+
+    CHECKPOINTS = True
+    SUFFIX: str  # what the file (or folder) of a checkpoint's saved state ends in
+    PROGRESS: str  # what the log shows while it trains an epoch: a format of ``epoch`` and ``epochs``
+
+    def test_resumes_after_its_newest_complete_checkpoint(self, runs, run_dir, notebook_data, tmp_path):
+        epochs = self.TINY["EPOCHS"]
+        saved = tmp_path / "checkpoints"
+        shutil.copytree(run_dir / "1" / "checkpoints", saved)
+        written = checkpoints.complete(saved)
+        assert [c.epoch for c in written] == [epochs - 1, epochs]  # common.run.checkpoints.KEEP: the newest two
+        assert written[-1].state.name == f"epoch-{epochs:04d}{self.SUFFIX}"
+        (saved / f"epoch-{epochs:04d}.json").unlink()  # the last epoch's, as if the run had died before it was saved
+
+        executed = execute(self.NOTEBOOK, notebook_data, tmp_path, CHECKPOINT_DIR=str(saved), RESUME=True, DEVICES=1,
+                           **self.TINY)  # fmt: skip
+        records = {record["data"]: record for record in results.load_all(tmp_path / "results")}
+        assert set(records) == {"generated", results.IN_RAM}
+        trained = records["generated"]
+        assert len(trained["epoch_seconds"]) == len(trained["valid_auc"]) == epochs
+        # the epochs before come from the checkpoint, not from training them again
+        assert trained["epoch_seconds"][:-1] == written[-2].history["epoch_seconds"]
+        assert [c.epoch for c in checkpoints.complete(saved)] == [epochs - 1, epochs]
+        cells = nbformat.read(executed, as_version=4).cells
+        log = "".join(out.get("text", "") for cell in cells for out in cell.get("outputs", []))
+        assert f"Resuming after epoch {epochs - 1}" in log
+        assert self.PROGRESS.format(epoch=epochs - 1, epochs=epochs) not in log
+        assert self.PROGRESS.format(epoch=epochs, epochs=epochs) in log

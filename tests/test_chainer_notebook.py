@@ -1,11 +1,13 @@
 """The Chainer (ChainerMN) notebook, executed headless with papermill on 1 and 2 simulated CPU devices (MPI ranks)."""
 
-from notebook_harness import NotebookContract, assert_stops_before_training
+from notebook_harness import ResumeContract, assert_stops_before_training
 
 
-class TestChainerNotebook(NotebookContract):
+class TestChainerNotebook(ResumeContract):
     NOTEBOOK = "Chainer_MultiGPU"
     FRAMEWORK = "chainer"
+    SUFFIX = ".chainer"
+    PROGRESS = "epoch {epoch}: "  # printed by rank 0 after each epoch
     MULTI_MACHINE = "config-2-nodes.json"
 
     def test_cpu_runs_are_recorded_as_fp32_over_the_naive_communicator(self, runs):

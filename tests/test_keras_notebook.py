@@ -1,14 +1,16 @@
 """The Keras model.fit notebook, executed headless with papermill on 1 and 2 simulated CPU devices."""
 
-from notebook_harness import NotebookContract, assert_stops_before_training
+from notebook_harness import ResumeContract, assert_stops_before_training
 
 # keras.metrics.AUC approximates the ROC curve with 1000 thresholds; the exact AUC must agree with it this closely.
 KERAS_AUC_TOLERANCE = 0.01
 
 
-class TestKerasNotebook(NotebookContract):
+class TestKerasNotebook(ResumeContract):
     NOTEBOOK = "Keras_TF_MultiGPU"
     FRAMEWORK = "keras"
+    SUFFIX = ".weights.h5"
+    PROGRESS = "Epoch {epoch}/{epochs}"
     SIDE_BY_SIDE = True
     # no multi-machine commands to print: model.fit under MultiWorkerMirroredStrategy fails (the test below)
     test_prints_multi_machine_commands_for_the_whole_run = None

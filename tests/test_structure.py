@@ -77,11 +77,22 @@ def test_one_parameters_cell_with_the_shared_names(notebook):
 def test_papermill_reads_every_parameter_with_its_help(path, caplog):
     """``papermill --help-notebook`` and its parameter inspection skip a line they cannot parse (one with a second
     "=", even in its comment) with only a logged warning: that parameter then has no default and no help there."""
-    found = papermill.inspect_notebook(path)
-    assert set(found) == parameter_names(nbformat.read(path, as_version=4)), caplog.text
-    tagged = next(cell for cell in nbformat.read(path, as_version=4).cells if "parameters" in cell.metadata.get("tags", []))
+    found, notebook = papermill.inspect_notebook(path), nbformat.read(path, as_version=4)
+    assert set(found) == parameter_names(notebook), caplog.text
+    tagged = next(cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", []))
     commented = {line.split("=")[0].strip() for line in tagged.source.splitlines() if "#" in line}
     assert all(found[name]["help"] for name in commented), "a comment papermill did not read as the help"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
+def test_the_shared_checks_of_parameters_and_data_run_above_train(path):
+    """A zero batch or a missing data folder is refused by these shared calls (tests/test_params.py,
+    tests/test_chestxray.py); the notebook tests run the checks each notebook makes its own way."""
+    cells = nbformat.read(path, as_version=4).cells
+    train = next(i for i, cell in enumerate(cells) if cell.cell_type == "markdown" and "## Train" in cell.source)
+    above = "\n".join(cell.source for cell in cells[:train] if cell.cell_type == "code")
+    for call in ("params.fill(", "synthetic.data_dir(DATA_DIR", "chestxray.load("):
+        assert call in above, f"{call} is not called above ## Train"
 
 
 def parameter_names(notebook) -> set[str]:

@@ -1,11 +1,13 @@
 """The TensorFlow custom-loop notebook, executed headless with papermill on 1 and 2 simulated CPU devices."""
 
-from notebook_harness import NotebookContract, assert_stops_before_training
+from notebook_harness import ResumeContract, assert_stops_before_training
 
 
-class TestTensorflowNotebook(NotebookContract):
+class TestTensorflowNotebook(ResumeContract):
     NOTEBOOK = "Tensorflow_MultiGPU"
     FRAMEWORK = "tensorflow"
+    SUFFIX = ".tf"
+    PROGRESS = "epoch {epoch}/{epochs}"
     MULTI_MACHINE = "-p BATCH_SIZE_PER_DEVICE 16 "
     SIDE_BY_SIDE = True
 
