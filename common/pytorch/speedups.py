@@ -49,8 +49,9 @@ def loader_workers(given, cores: int) -> list[int]:
 
 
 def densenet(device: torch.device, layout=torch.contiguous_format, checkpointed: bool = False) -> nn.Module:
-    """DenseNet-121 with 14 outputs on ``device``; ``checkpointed`` recomputes each dense layer's activations in the
-    backward pass instead of keeping them (torchvision's ``memory_efficient``: ``torch.utils.checkpoint`` inside)."""
+    """DenseNet-121 with 14 outputs on ``device``; ``checkpointed`` recomputes each dense layer's bottleneck (concat,
+    BatchNorm, ReLU, 1x1 convolution) in the backward pass instead of keeping its activations (torchvision's
+    ``memory_efficient``: ``torch.utils.checkpoint`` around that part only)."""
     torch.manual_seed(0)
     model = torchvision.models.densenet121(num_classes=NUM_CLASSES, memory_efficient=checkpointed)
     return model.to(device, memory_format=layout)
