@@ -62,6 +62,12 @@ def kernels_as_a_users():
             os.environ["PYTEST_CURRENT_TEST"] = marker
 
 
+def printed(executed: Path) -> str:
+    """All the text the cells of an executed notebook printed, in order."""
+    cells = nbformat.read(executed, as_version=4).cells
+    return "".join(output.get("text", "") for cell in cells for output in cell.get("outputs", []))
+
+
 def notebook_path(name: str) -> Path:
     return NOTEBOOK_DIR / f"{name}.ipynb"
 
@@ -232,9 +238,8 @@ class NotebookContract:
         assert not stderr_noise(run_dir / "2" / "executed-2.ipynb")
 
     def test_prints_multi_machine_commands_for_the_whole_run(self, runs, run_dir):
-        cells = nbformat.read(run_dir / "2" / "executed-2.ipynb", as_version=4).cells
-        printed = "".join(out.get("text", "") for cell in cells if cell.cell_type == "code" for out in cell.outputs)
-        assert "host2" in printed and self.MULTI_MACHINE in printed
+        shown = printed(run_dir / "2" / "executed-2.ipynb")
+        assert "host2" in shown and self.MULTI_MACHINE in shown
 
     # Each framework finds its own devices, and too few images for a step is the last check before training (in
     # **Data**); a zero batch and a missing folder are refused by the shared params.fill and synthetic.data_dir
@@ -275,8 +280,7 @@ class ResumeContract(NotebookContract):
         # the epochs before come from the checkpoint, not from training them again
         assert trained["epoch_seconds"][:-1] == written[-2].history["epoch_seconds"]
         assert [c.epoch for c in checkpoints.complete(saved)] == [epochs - 1, epochs]
-        cells = nbformat.read(executed, as_version=4).cells
-        log = "".join(out.get("text", "") for cell in cells for out in cell.get("outputs", []))
+        log = printed(executed)
         assert f"Resuming after epoch {epochs - 1}" in log
         assert self.PROGRESS.format(epoch=epochs - 1, epochs=epochs) not in log
         assert self.PROGRESS.format(epoch=epochs, epochs=epochs) in log

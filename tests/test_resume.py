@@ -1,8 +1,7 @@
 """Checkpoint and resume: a training run killed with SIGKILL mid-epoch continues where its last checkpoint left it."""
 
-import nbformat
 import pytest
-from notebook_harness import assert_stops_before_training, execute, marks
+from notebook_harness import assert_stops_before_training, execute, marks, printed
 from resume_harness import run_until_killed
 
 from common.measure import results
@@ -16,11 +15,6 @@ TINY = dict(EPOCHS=2, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
 NOTEBOOKS = {
     "PyTorch_MultiGPU": (2, "epoch-0001.pt", "epoch {}/2"),
 }
-
-
-def outputs(executed) -> str:
-    cells = nbformat.read(executed, as_version=4).cells
-    return "".join(output.get("text", "") for cell in cells for output in cell.get("outputs", []))
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=marks(name)) for name in NOTEBOOKS])
@@ -41,7 +35,7 @@ def test_resumes_after_sigkill_in_the_middle_of_epoch_2(name, notebook_data, tmp
     # epoch 1 comes from the checkpoint, not from training it again
     assert trained["epoch_seconds"][0] == survived[0].history["epoch_seconds"][0]
     assert [checkpoint.epoch for checkpoint in checkpoints.complete(saved)] == [1, 2]
-    log = outputs(executed)
+    log = printed(executed)
     assert "Resuming after epoch 1" in log and progress.format(1) not in log and progress.format(2) in log
 
 
