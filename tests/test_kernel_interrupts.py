@@ -187,6 +187,23 @@ def test_the_stop_ends_workers_that_the_launcher_does_not(tmp_path):
     assert "Interrupted: stopped python" in printed and "the 2 process(es)" in printed, printed
 
 
+def test_a_killed_kernel_ends_workers_that_the_launcher_does_not(tmp_path):
+    """The kill that a restart sends, at once, with no stop before it: the reaper ends the launch."""
+    script, launcher, up = tmp_path / "worker.py", tmp_path / "launcher.py", tmp_path / "up"
+    script.write_text(textwrap.dedent(WORKER))
+    launcher.write_text(DEAF_LAUNCHER)
+    up.mkdir()
+    command = [sys.executable, str(launcher), str(script), str(up), "120"]
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", f"from common.run import launch\nlaunch.run({command!r})"], cwd=Path(__file__).parents[1]
+    )
+    wait_until(lambda: len(list(up.iterdir())) == 2, "both workers to start")
+    launched = psutil.Process(kernel.pid).children(recursive=True)
+    kernel.kill()
+    kernel.wait()
+    assert_all_gone(launched, timeout=10)  # the launcher ignores SIGTERM: it gets SIGKILL 5 s later
+
+
 @pytest.fixture
 def tensorflow_workers(tmp_path):
     """Worker 0 of two in a kernel, worker 1 a process, both in a loop of all-reduces: (kernel, client, its message

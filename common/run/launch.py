@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import ctypes
 import json
 import os
 import shlex
@@ -17,6 +16,7 @@ from collections import deque
 import psutil
 
 from common.errors import Interrupted
+from common.run import reaper
 
 # The notebook parameters that shape a run: a worker started by hand on another machine gets every one of them, so that
 # it trains the run its notebook printed, not its own machine's defaults.
@@ -53,7 +53,8 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
 
     Output is copied in raw chunks rather than lines, so progress bars that
     redraw with carriage returns stay on one line in Jupyter. Interrupting the
-    cell stops the whole process group, workers included.
+    cell stops the whole process group, workers included; a killed kernel
+    leaves that to :mod:`common.run.reaper`.
     """
     started = time.time()
     process = subprocess.Popen(
@@ -63,8 +64,10 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
         env={**os.environ, **(env or {})},
         cwd=cwd,
         start_new_session=True,
-        preexec_fn=_end_with_the_kernel,
     )
+    # -P keeps common/run/ off the watcher's sys.path: it is a script that needs psutil only
+    watcher = subprocess.Popen([sys.executable, "-P", reaper.__file__, str(process.pid)], stdin=subprocess.PIPE,
+                               start_new_session=True)  # fmt: skip
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     tail: deque[str] = deque(maxlen=tail_lines)
     partial = ""
@@ -84,6 +87,8 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
         raise
     finally:
         process.stdout.close()
+        watcher.stdin.close()
+        watcher.wait()
     if code != 0:
         tail.append(partial)
         raise LaunchError(
@@ -101,29 +106,12 @@ def name(command: list[str]) -> str:
     return os.path.basename(command[0])
 
 
-def _end_with_the_kernel() -> None:
-    """In the launcher, before it starts: SIGTERM when the process that launched it dies. A restarted kernel is killed
-    and runs no cleanup, and the launcher's own session would let it outlive the kernel (its workers usually end once
-    their output's reader is gone, not always: 2 of 13 tries here left them running); torchrun and mpiexec end their
-    workers on SIGTERM. Linux only (``prctl``)."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-PR_SET_PDEATHSIG = 1
-# Looked up here, not in the forked child: the child of a process with threads (the device monitor's) should run as
-# little as it can before it starts the launcher.
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-
-
 def _stop(process: subprocess.Popen) -> int:
     """End the launcher and every process it started (SIGTERM, then SIGKILL after 15 s); returns how many it had
     started.
 
     The workers are signalled directly, before the launcher: torchrun starts each in a session of its own, out of
-    reach of the launcher's process group, and passes the signal on only if nothing interrupts its shutdown. A kernel
-    restart interrupts it: Jupyter interrupts the kernel (this function sends SIGTERM), then kills it at once, and the
-    kill reaches the launcher as a second SIGTERM (``PR_SET_PDEATHSIG``), which left both workers running in CI.
+    reach of the launcher's process group, and passes the signal on only if nothing interrupts its shutdown.
     """
     try:
         workers = psutil.Process(process.pid).children(recursive=True)
