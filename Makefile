@@ -25,10 +25,8 @@ run: setup
 
 # pytest once in each environment (tests/conftest.py says which tests run where): each framework's tests/<framework>/
 # folder in its own, the three side by side (their output follows when all are done), then the framework-neutral tests
-# and the notebooks, through each environment's kernel, in the tools, in TEST_STREAMS streams (pytest-xdist: a class or
-# module per stream at a time; 0 runs them in pytest's own process). PYTEST_ARGS go to every run; a run they leave
+# and the notebooks, through each environment's kernel, in the tools. PYTEST_ARGS go to every run; a run they leave
 # without tests passes.
-TEST_STREAMS ?= 2
 test: setup
 	@logs=$$(mktemp -d); status=0; \
 	for env in $(FRAMEWORKS); do \
@@ -40,7 +38,7 @@ test: setup
 		if [ $$code -ne 0 ] && ! { [ $$code -eq 5 ] && [ -n "$(PYTEST_ARGS)" ]; }; then status=1; fi; \
 	done; rm -rf $$logs; \
 	echo "== pytest in the tools environment"; \
-	.venvs/tools/bin/python -m pytest -n $(TEST_STREAMS) --dist loadscope --durations=25 $(PYTEST_ARGS); code=$$?; \
+	.venvs/tools/bin/python -m pytest --durations=25 $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -ne 0 ] && ! { [ $$code -eq 5 ] && [ -n "$(PYTEST_ARGS)" ]; }; then status=1; fi; \
 	exit $$status
 
