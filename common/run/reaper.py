@@ -6,9 +6,9 @@ or is gone: a kernel restart kills the kernel outright, with no cleanup of its o
 process the launch started that still runs, workers first, then the launcher.
 
 Why not leave it to the launcher: torchrun passes a SIGTERM on to its workers only if nothing interrupts its own
-shutdown, and a restart can deliver two (the kernel's stop, then the parent-death signal); about one restart in six
-left both workers running here. The workers are remembered as the launch runs, since they may outlive the launcher
-that started them. Run as a script, with psutil only, so any environment's Python can start it.
+shutdown, and a second SIGTERM during it (the kernel's stop, then a signal sent as the kernel died) left both workers
+running in about one restart of six here. The workers are remembered as the launch runs, since they may outlive the
+launcher that started them. Run as a script, with psutil only, so any environment's Python can start it.
 """
 
 from __future__ import annotations
