@@ -65,13 +65,14 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
         cwd=cwd,
         start_new_session=True,
     )
-    # -P keeps common/run/ off the watcher's sys.path: it is a script that needs psutil only
-    watcher = subprocess.Popen([sys.executable, "-P", reaper.__file__, str(process.pid)], stdin=subprocess.PIPE,
-                               start_new_session=True)  # fmt: skip
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     tail: deque[str] = deque(maxlen=tail_lines)
     partial = ""
-    try:
+    watcher = None
+    try:  # from here on the stop button stops the launch, even while the watcher starts
+        # -P keeps common/run/ off the watcher's sys.path: it is a script that needs psutil only
+        watcher = subprocess.Popen([sys.executable, "-P", reaper.__file__, str(process.pid)], stdin=subprocess.PIPE,
+                                   start_new_session=True)  # fmt: skip
         while chunk := os.read(process.stdout.fileno(), 65536):
             text = decoder.decode(chunk)
             sys.stdout.write(text)
@@ -87,8 +88,9 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd=None, tail_li
         raise
     finally:
         process.stdout.close()
-        watcher.stdin.close()
-        watcher.wait()
+        if watcher is not None:
+            watcher.stdin.close()
+            watcher.wait()
     if code != 0:
         tail.append(partial)
         raise LaunchError(
