@@ -165,9 +165,10 @@ for process in workers:
 """
 
 
-def test_the_stop_ends_workers_that_the_launcher_does_not(tmp_path):
-    """The Jupyter kernel's part of a restart, without Jupyter: the interrupt that it sends first."""
-    script, launcher, up = tmp_path / "worker.py", tmp_path / "launcher.py", tmp_path / "up"
+def start_deaf_launch(folder: Path) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """A "kernel" (a Python process, its output piped) running :data:`DEAF_LAUNCHER` with two sleeping workers, once
+    both run: the kernel, and every process below it."""
+    script, launcher, up = folder / "worker.py", folder / "launcher.py", folder / "up"
     script.write_text(textwrap.dedent(WORKER))
     launcher.write_text(DEAF_LAUNCHER)
     up.mkdir()
@@ -180,27 +181,23 @@ def test_the_stop_ends_workers_that_the_launcher_does_not(tmp_path):
         text=True,
     )
     wait_until(lambda: len(list(up.iterdir())) == 2, "both workers to start")
-    workers = psutil.Process(kernel.pid).children(recursive=True)
+    return kernel, psutil.Process(kernel.pid).children(recursive=True)
+
+
+def test_the_stop_ends_workers_that_the_launcher_does_not(tmp_path):
+    """The Jupyter kernel's part of a restart, without Jupyter: the interrupt that it sends first."""
+    kernel, launched = start_deaf_launch(tmp_path)
     kernel.send_signal(signal.SIGINT)
-    assert_all_gone(workers, timeout=5)
+    assert_all_gone(launched, timeout=5)
     printed, _ = kernel.communicate(timeout=30)
     assert "Interrupted: stopped python" in printed and "the 2 process(es)" in printed, printed
 
 
 def test_a_killed_kernel_ends_workers_that_the_launcher_does_not(tmp_path):
     """The kill that a restart sends, at once, with no stop before it: the reaper ends the launch."""
-    script, launcher, up = tmp_path / "worker.py", tmp_path / "launcher.py", tmp_path / "up"
-    script.write_text(textwrap.dedent(WORKER))
-    launcher.write_text(DEAF_LAUNCHER)
-    up.mkdir()
-    command = [sys.executable, str(launcher), str(script), str(up), "120"]
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", f"from common.run import launch\nlaunch.run({command!r})"], cwd=Path(__file__).parents[1]
-    )
-    wait_until(lambda: len(list(up.iterdir())) == 2, "both workers to start")
-    launched = psutil.Process(kernel.pid).children(recursive=True)
+    kernel, launched = start_deaf_launch(tmp_path)
     kernel.kill()
-    kernel.wait()
+    kernel.communicate()
     assert_all_gone(launched, timeout=10)  # the launcher ignores SIGTERM: it gets SIGKILL 5 s later
 
 
