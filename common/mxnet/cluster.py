@@ -15,6 +15,7 @@ A scheduler or a server: ``DMLC_ROLE=scheduler python -m common.mxnet.cluster`` 
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import socket
 import sys
@@ -83,6 +84,8 @@ class Watch:
                     name = rest
                     with self.lock:
                         self.nodes[connection] = name
+                    # the node's join returns on this answer: from then on, a departure anywhere reaches it
+                    connection.sendall(b"welcome\n")
                 elif word == "done":
                     with self.lock:
                         self.done.add(name)
@@ -120,7 +123,12 @@ class Member:
         self.done = False  # this worker's last use of the kvstore is over
         self.left = False  # this node left before the end (interrupted, or its process exits)
         connection.sendall(f"join {name}\n".encode())
-        threading.Thread(target=self._listen, daemon=True, name="mxnet-cluster-member").start()
+        self.lines = connection.makefile("r", encoding="utf-8")
+        # Wait for the watch's welcome: a node it has not registered yet would miss a stop sent in the meantime,
+        # and would learn of it only when the scheduler goes away.
+        first = self.lines.readline()
+        connection.settimeout(None)
+        threading.Thread(target=self._listen, args=(first,), daemon=True, name="mxnet-cluster-member").start()
 
     def send(self, line: str) -> None:
         try:
@@ -149,9 +157,9 @@ class Member:
             self.done = True
             self.send("done")
 
-    def _listen(self) -> None:
+    def _listen(self, first: str) -> None:
         try:
-            for line in self.connection.makefile("r", encoding="utf-8"):
+            for line in itertools.chain([first], self.lines):  # the welcome, or what came instead
                 word, _, rest = line.strip().partition(" ")
                 if word == "finished":
                     self.finished = True
@@ -200,7 +208,6 @@ def join(name: str, timeout: float = 10) -> Member | None:
             "Start the scheduler with `DMLC_ROLE=scheduler python -m common.mxnet.cluster`."
         )
         return None
-    connection.settimeout(None)
     _member = Member(name, connection)
     atexit.register(_member.leave, "its process exited (a kernel restart or shutdown)")
     kernel.on_interrupt(_member.interrupted)
