@@ -10,7 +10,7 @@ from common.measure import results
 
 NOTEBOOK = "PyTorch_MultiGPU-Exp-Loss"
 pytestmark = marks(NOTEBOOK)
-TINY = dict(DEVICES=2, EPOCHS=3, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
+TINY = dict(DEVICES=2, EPOCHS=2, IMAGE_SIZE=64, BATCH_SIZE_PER_DEVICE=16, BENCH_STEPS=2)
 
 
 @pytest.fixture(scope="module")
