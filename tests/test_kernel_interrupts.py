@@ -173,8 +173,11 @@ def start_deaf_launch(folder: Path) -> tuple[subprocess.Popen, list[psutil.Proce
     launcher.write_text(DEAF_LAUNCHER)
     up.mkdir()
     command = [sys.executable, str(launcher), str(script), str(up), "120"]
+    # SIGINT raises KeyboardInterrupt, as ipykernel sets it while a cell runs: a shell that starts pytest in the
+    # background leaves SIGINT ignored, and Python then installs no handler of its own
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nfrom common.run import launch\n"
     kernel = subprocess.Popen(
-        [sys.executable, "-c", f"from common.run import launch\nlaunch.run({command!r})"],
+        [sys.executable, "-c", f"{code}launch.run({command!r})"],
         cwd=Path(__file__).parents[1],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
