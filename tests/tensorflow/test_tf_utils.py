@@ -1,6 +1,8 @@
 """The TensorFlow pieces both TensorFlow notebooks are built from, and tf.distribute's data-parallel sync."""
 
 import json
+import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -417,3 +419,20 @@ def test_importing_tensorflow_shows_no_start_up_notices_but_passes_other_output_
     assert out.returncode == 0, out.stderr[-3000:]
     assert "InitializeLog" not in out.stderr and "I0000" not in out.stderr, out.stderr
     assert "after the import" in out.stderr
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN is turned on for x86 CPUs only")
+@pytest.mark.parametrize(("setting", "enabled"), [(None, True), ("0", False)])
+def test_onednn_kernels_are_on_for_every_x86_cpu_unless_turned_off(setting, enabled):
+    """TensorFlow turns them on by itself only on CPUs with AVX-512 neural-network instructions."""
+    script = (
+        "from common.tensorflow.imports import tf\n"
+        "from tensorflow.python.util import _pywrap_util_port\n"
+        "print(_pywrap_util_port.IsMklEnabled())"
+    )
+    env = {name: value for name, value in os.environ.items() if name != "TF_ENABLE_ONEDNN_OPTS"}
+    if setting is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = setting
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [str(enabled)]
