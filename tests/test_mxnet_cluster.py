@@ -9,6 +9,7 @@ is gone. tests/test_multinode.py interrupts a real worker of a real cluster.
 import os
 import re
 import signal
+import socket
 import subprocess
 import textwrap
 import time
@@ -20,6 +21,8 @@ from elsewhere import python_of
 from jupyter_client.manager import start_new_kernel
 from test_kernel_interrupts import reply_and_output
 
+from common.errors import InputError
+from common.mxnet import cluster as mxnet_cluster
 from common.run.environments import ENVIRONMENTS
 
 pytestmark = pytest.mark.environments("mxnet-chainer")
@@ -159,3 +162,16 @@ def test_a_scheduler_or_server_command_with_another_role_says_what_it_runs():
     env = {**os.environ, "DMLC_ROLE": "worker"}
     result = subprocess.run(node(), env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "this command runs a scheduler or a server" in result.stderr
+
+
+def test_a_watch_that_never_answers_stops_the_worker_naming_the_port_and_the_fix(monkeypatch):
+    """Another program on the watch's port takes the connection and says nothing: the worker stops before training,
+    rather than waiting for a welcome that never comes or failing on a bare timeout."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the system takes connections that it never accepts
+        host, port = silent.getsockname()
+        monkeypatch.setenv("DMLC_PS_ROOT_URI", host)
+        monkeypatch.setenv("DMLC_PS_ROOT_PORT", str(port - 1))
+        monkeypatch.setattr(mxnet_cluster, "ANSWER_SECONDS", 0.5)
+        with pytest.raises(InputError, match=rf"worker 0 got no answer within 0.5 s .* at {host}:{port}, .*DMLC_ROLE"):
+            mxnet_cluster.join("worker 0", timeout=1)
+    assert mxnet_cluster._member is None

@@ -26,6 +26,7 @@ from common.errors import InputError
 from common.run import kernel
 
 GRACE_SECONDS = 3  # a node whose watch went away without a word waits this long for its own normal exit
+ANSWER_SECONDS = 5  # how long a node waits for the watch to take its connection, and then to welcome it
 
 
 def watch_address() -> tuple[str, int]:
@@ -126,7 +127,17 @@ class Member:
         self.lines = connection.makefile("r", encoding="utf-8")
         # Wait for the watch's welcome: a node it has not registered yet would miss a stop sent in the meantime,
         # and would learn of it only when the scheduler goes away.
-        first = self.lines.readline()
+        try:
+            first = self.lines.readline()
+        except TimeoutError:
+            host, port = connection.getpeername()[:2]
+            connection.close()
+            raise InputError(
+                f"{name} got no answer within {ANSWER_SECONDS} s from the MXNet cluster watch at {host}:{port}, the "
+                "port after DMLC_PS_ROOT_PORT: another program listens there, or the scheduler runs another version "
+                "of this project. Start the scheduler from this checkout (`DMLC_ROLE=scheduler python -m "
+                "common.mxnet.cluster`), or choose a DMLC_PS_ROOT_PORT whose next port is free, on every node."
+            ) from None
         connection.settimeout(None)
         threading.Thread(target=self._listen, args=(first,), daemon=True, name="mxnet-cluster-member").start()
 
@@ -181,7 +192,7 @@ def connect(timeout: float) -> socket.socket | None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return socket.create_connection(watch_address(), timeout=5)
+            return socket.create_connection(watch_address(), timeout=ANSWER_SECONDS)
         except OSError:
             if time.monotonic() > deadline:
                 return None
