@@ -35,6 +35,7 @@ from common.run import devices
 _MESSAGE = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ \S+\] ")  # the prefix of an absl log message
 _BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 _NO_GPU = re.compile(r"E\d{4} [\d:.]+ +\d+ \S+\] failed call to cuInit")
+X86 = platform.machine() in ("x86_64", "AMD64")  # where TF_ENABLE_ONEDNN_OPTS defaults to 1 (see above)
 _NO_ONEDNN_TYPE = re.compile(r"E\d{4} [\d:.]+ +\d+ \S+\] oneDNN supports DT_\w+ only on platforms with AVX-512")
 
 
@@ -79,7 +80,7 @@ def kept_lines(text: str, gpu_present: bool) -> list[str]:
 if "tensorflow" not in sys.modules:
     # for example the tf.data notices of every Keras fit; read once, when TensorFlow's libraries load
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if platform.machine() in ("x86_64", "AMD64"):
+    if X86:
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
     with quiet_start_up(gpu_present=bool(devices.gpu_names())):
         import keras

@@ -2,7 +2,6 @@
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from common.errors import InputError
 from common.measure.phases import Phases
 from common.run import checkpoints, devices, params, protocol
 from common.tensorflow import callbacks as kc
+from common.tensorflow import imports as tf_import
 from common.tensorflow import speedups as ks
 from common.tensorflow import utils as tfu
 
@@ -388,8 +388,6 @@ that goes on
 
 
 def test_start_up_notices_are_dropped_and_everything_else_kept():
-    from common.tensorflow import imports as tf_import
-
     kept = tf_import.kept_lines("before\n" + START_UP, gpu_present=False)
     assert kept == ["before\n", START_UP.splitlines(keepends=True)[-2], "that goes on\n"]
     # on a GPU machine the cuInit failure is why TensorFlow sees no GPU
@@ -421,7 +419,7 @@ def test_importing_tensorflow_shows_no_start_up_notices_but_passes_other_output_
     assert "after the import" in out.stderr
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN is turned on for x86 CPUs only")
+@pytest.mark.skipif(not tf_import.X86, reason="oneDNN is turned on for x86 CPUs only")
 @pytest.mark.parametrize(("setting", "enabled"), [(None, True), ("0", False)])
 def test_onednn_kernels_are_on_for_every_x86_cpu_unless_turned_off(setting, enabled):
     """TensorFlow turns them on by itself only on CPUs with AVX-512 neural-network instructions."""
