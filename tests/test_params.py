@@ -1,3 +1,4 @@
+import math
 from pathlib import Path
 
 import pytest
@@ -11,16 +12,43 @@ def test_global_batch_grows_with_devices():
     assert params.global_batch(64, 4) == 256
 
 
-def test_learning_rate_scales_linearly_with_the_global_batch():
-    cfg = {"LEARNING_RATE": 1e-4}
-    assert params.learning_rate(cfg, params.REFERENCE_BATCH) == pytest.approx(1e-4)
-    assert params.learning_rate(cfg, 8 * params.REFERENCE_BATCH) == pytest.approx(8e-4)  # 8 devices
-    assert params.learning_rate(cfg, 4 * params.REFERENCE_BATCH) == params.learning_rate(cfg, 256)  # batch 256
+def test_adams_learning_rate_scales_with_the_square_root_of_the_global_batch():
+    cfg = {"LEARNING_RATE": 2e-4}
+    assert params.learning_rate(cfg, params.REFERENCE_BATCH) == pytest.approx(2e-4)
+    assert params.learning_rate(cfg, 4 * params.REFERENCE_BATCH) == pytest.approx(4e-4)  # four times the images
+    assert params.learning_rate(cfg, 4 * params.REFERENCE_BATCH) == params.learning_rate(cfg, 256)
 
 
-def test_the_cpu_demo_keeps_its_rate_of_1e_3_per_device_of_16_images():
+def test_eight_gpus_of_256_images_give_adam_a_rate_that_holds():
+    """The issue's case: linear scaling gave Adam 3.2e-3 from the first step here; one GPU keeps its 4e-4."""
+    cfg = params.fill("gpu")
+    assert params.learning_rate(cfg, 256) == pytest.approx(4e-4)
+    assert params.learning_rate(cfg, params.global_batch(256, 8)) == pytest.approx(1.131e-3, rel=1e-3)
+
+
+def test_the_cpu_demo_keeps_its_rate_of_1e_3_for_one_device_of_16_images():
     cfg = params.fill("cpu")
-    assert params.learning_rate(cfg, params.global_batch(cfg["BATCH_SIZE_PER_DEVICE"], 2)) == pytest.approx(2e-3)
+    assert params.learning_rate(cfg, cfg["BATCH_SIZE_PER_DEVICE"]) == pytest.approx(1e-3)
+    assert params.learning_rate(cfg, params.global_batch(cfg["BATCH_SIZE_PER_DEVICE"], 2)) == pytest.approx(
+        1.414e-3, rel=1e-3
+    )
+
+
+def test_the_rate_climbs_from_zero_over_a_tenth_of_the_run_then_falls_along_a_cosine_to_zero():
+    factors = [params.schedule_factor(step, 100) for step in range(101)]
+    assert params.warmup_steps(100) == 10
+    assert factors[:11] == pytest.approx([step / 10 for step in range(11)])  # the peak at the end of the warmup
+    assert factors[10 + 45] == pytest.approx(0.5)  # half way down the cosine
+    assert factors[100] == pytest.approx(0.0) and factors[99] == pytest.approx(0.5 * (1 + math.cos(math.pi * 89 / 90)))
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # after the warmup, only down
+    # the mean rate of the run is half the peak, as without the warmup: the warmup moves steps, it does not slow the run
+    assert sum(params.schedule_factor(step, 1000) for step in range(1000)) / 1000 == pytest.approx(0.5, abs=1e-3)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_a_run_of_fewer_than_five_steps_has_no_warmup(steps):
+    assert params.warmup_steps(steps) == 0
+    assert params.schedule_factor(0, steps) == 1.0
 
 
 @pytest.mark.parametrize("rate", [0, -1e-3, float("nan")])

@@ -19,7 +19,7 @@ from common.errors import InputError
 from common.measure.phases import timed_steps
 from common.mxnet import cluster as mxnet_cluster
 from common.mxnet.imports import load
-from common.run import checkpoints, devices, protocol
+from common.run import checkpoints, devices, params, protocol
 from common.run.params import IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 
 mx = load()
@@ -150,6 +150,13 @@ def build_densenet121(ctx: list, pretrained: bool = False, classes: int = NUM_CL
     net.output.initialize(mx.init.Uniform(1 / math.sqrt(1024)), ctx=ctx)
     net(mx.nd.zeros((1, 3, 32, 32), ctx=ctx[0]))  # the zoo defers the input channels: one pass settles the shapes
     return net
+
+
+def warmup_cosine(learning_rate: float, steps: int) -> mx.lr_scheduler.CosineScheduler:
+    """The rate of every notebook over ``steps`` updates (:func:`common.run.params.schedule_factor`): up from 0 to
+    ``learning_rate`` over the warmup, then down a cosine to 0. MXNet numbers its updates from 1, so a Gluon run is one
+    update ahead of the others: its first step is taken at 1/warmup of the peak, its last at 0."""
+    return mx.lr_scheduler.CosineScheduler(steps, base_lr=learning_rate, warmup_steps=params.warmup_steps(steps))
 
 
 def trainable_parameters(net: gluon.Block) -> int:

@@ -7,6 +7,7 @@ differs. ``PyTorch_MultiGPU`` keeps its DDP loop written out in the notebook, as
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from tqdm import tqdm
 from common.errors import InputError
 from common.measure.phases import BatchWait, Phases
 from common.pytorch import utils as tu
+from common.run import params
 
 
 def sharded_loader(split, transform, batch_size: int, process: tu.Process, *, shuffle: bool, seed: int, workers: int):
@@ -38,9 +40,10 @@ def sharded_loader(split, transform, batch_size: int, process: tu.Process, *, sh
     )
 
 
-def cosine_schedule(optimizer, epochs: int, loader) -> torch.optim.lr_scheduler.LRScheduler:
-    """The learning rate falls along a cosine from its scaled peak to 0 over the run, as in every notebook."""
-    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(loader))
+def warmup_cosine(optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The rate of every notebook over ``steps`` updates (:func:`common.run.params.schedule_factor`): up from 0 over
+    the warmup, then down a cosine to 0; call its ``step()`` after every ``optimizer.step()``."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(params.schedule_factor, steps=steps))
 
 
 def fit(
@@ -59,7 +62,7 @@ def fit(
     Returns the seconds, the mean training loss (averaged over processes) and the seconds spent waiting for the
     input pipeline of each epoch; ``phases`` gets each epoch's ``train`` phase.
     """
-    scheduler = cosine_schedule(optimizer, epochs, loader)
+    scheduler = warmup_cosine(optimizer, epochs * len(loader))
     scaler = tu.grad_scaler(precision, process.device)
     history = {"epoch_seconds": [], "train_loss": [], "data_wait_seconds": []}
     for epoch in range(epochs):

@@ -43,7 +43,7 @@ class Config:
     image_size: int
     max_images: int | None
     bench_steps: int
-    learning_rate: float  # the peak of the cosine schedule, already scaled to the global batch
+    learning_rate: float  # the peak of the schedule (params.schedule_factor), already scaled to the global batch
     precision: str
     seed: int
     loader_workers: int  # decode processes per training process
@@ -67,13 +67,15 @@ def multinode_config(config_file, nodes: int) -> Path:
     """The config of the same run on ``nodes`` machines like this one, read by every process of all of them.
 
     The scaling rule holds for the whole run: the global batch grows with the processes of every machine, and the
-    learning rate with it (linearly, :func:`common.run.params.learning_rate`). Returns the path of
+    learning rate with it (by the square root, :func:`common.run.params.learning_rate`). Returns the path of
     ``config-<nodes>-nodes.json`` beside ``config_file``.
     """
     params.check_positive_int("nodes", nodes)
     config = read_config(config_file)
     whole = dataclasses.replace(
-        config, global_batch=config.global_batch * nodes, learning_rate=config.learning_rate * nodes
+        config,
+        global_batch=config.global_batch * nodes,
+        learning_rate=params.scale_learning_rate(config.learning_rate, nodes),
     )
     return write_config(whole, f"config-{nodes}-nodes.json")
 

@@ -171,7 +171,8 @@ pass they average their gradients with `dist.all_reduce`, a dozen lines on the p
 Run `{pt}` with `DEVICES=1` (edit the parameters cell, then Run All), then with `DEVICES=2`. While it trains, the
 live view under **Train** shows the cores at work. What participants should observe:
 
-- The global batch doubles with the devices (each keeps its batch) and the learning rate doubles with it.
+- The global batch doubles with the devices (each keeps its batch) and the learning rate grows 1.41 times (the square
+  root of 2: the scaling rule for Adam), after a warmup over the first tenth of the run.
 - Training throughput: {f.value(pt, 1, "train_images_per_second", ".1f")} images/s on 1 device,
   {f.value(pt, 2, "train_images_per_second", ".1f")} on 2: a scaling efficiency of
   {f.value(pt, 2, "scaling_efficiency", ".0%")}. The two simulated devices share the same cores, so this shows the

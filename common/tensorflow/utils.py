@@ -13,7 +13,7 @@ import numpy as np
 
 from common.errors import InputError
 from common.measure.phases import timed_steps
-from common.run import checkpoints, kernel, protocol
+from common.run import checkpoints, kernel, params, protocol
 from common.run import devices as common_devices
 from common.run.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 from common.tensorflow.imports import keras, quiet_first_graph_notices, tf
@@ -303,12 +303,18 @@ class Adam(keras.optimizers.Adam):
 
 
 def make_optimizer(learning_rate: float, steps: int, policy: str = "float32") -> keras.optimizers.Optimizer:
-    """Adam (:class:`Adam`) with the rate decaying along a cosine from ``learning_rate`` to 0 over ``steps`` steps.
+    """Adam (:class:`Adam`) on the schedule of every notebook over ``steps`` steps
+    (:func:`common.run.params.schedule_factor`): up from 0 to ``learning_rate`` over the warmup, then down a cosine
+    to 0.
 
     Under float16 it is wrapped in dynamic loss scaling, which bf16 and fp32 do not need
     (``model.compile`` wraps it by itself).
     """
-    optimizer = Adam(keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps))
+    warmup = params.warmup_steps(steps)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=steps - warmup, warmup_target=learning_rate, warmup_steps=warmup
+    )
+    optimizer = Adam(schedule)
     return keras.optimizers.LossScaleOptimizer(optimizer) if policy == "mixed_float16" else optimizer
 
 

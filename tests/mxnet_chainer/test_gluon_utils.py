@@ -11,7 +11,7 @@ import pytest
 from common.data import chestxray
 from common.errors import InputError
 from common.mxnet import imports as mxnet_import
-from common.run import checkpoints, devices
+from common.run import checkpoints, devices, params
 from common.run.params import IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 
 mx = mxnet_import.load()
@@ -260,6 +260,24 @@ def test_mxnet_then_chainer_in_one_process():
     """Both retired frameworks need distutils; whichever comes first, the other still imports."""
     code = "from common.mxnet import imports; imports.load(); from common.chainer.imports import chainer"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_the_trainers_schedule_is_the_projects_counted_from_update_1():
+    """Each ``trainer.step`` uses the rate of :func:`params.schedule_factor` at its update's number (from 1)."""
+    steps, peak = 30, 0.1
+    net = gluon.nn.Dense(2, in_units=4)
+    net.initialize(ctx=CPUS)
+    schedule = gu.warmup_cosine(peak, steps)
+    trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": peak, "lr_scheduler": schedule})
+    used = []
+    for step in range(steps):
+        shares = gluon.utils.split_and_load(mx.nd.ones((4, 4)) * step, CPUS)
+        with autograd.record():
+            losses = [net(x).sum() for x in shares]
+        autograd.backward(losses)
+        trainer.step(4)
+        used.append(trainer.learning_rate)  # the rate of the update just made
+    assert used == pytest.approx([peak * params.schedule_factor(number, steps) for number in range(1, steps + 1)])
 
 
 def test_a_restored_checkpoint_continues_exactly_like_the_uninterrupted_run(tmp_path):

@@ -1,10 +1,11 @@
 """The shared pieces of the PyTorch experiment notebooks: which placements a machine can measure, the timing helper."""
 
 import pytest
+import torch
 
 from common.errors import InputError
 from common.pytorch import training as tt
-from common.run import devices
+from common.run import devices, params
 
 FOUR_GPUS = devices.resolve(None, gpus=["NVIDIA H100"] * 4)
 ONE_GPU = devices.resolve(None, gpus=["NVIDIA H100"])
@@ -42,3 +43,30 @@ def test_a_requested_subset_runs_in_a_fixed_order_and_the_rest_is_named():
 def test_impossible_requests_are_refused_with_the_fix(requested, hardware, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         tt.choose_placements(requested, hardware)
+
+
+def test_the_schedule_is_the_projects_and_resumes_where_it_stopped():
+    """Each update uses the rate of :func:`params.schedule_factor` (warmup from 0, then the cosine), also after a
+    checkpoint's ``state_dict`` was loaded into a new scheduler mid-way."""
+    steps, peak = 30, 0.1
+
+    def optimizer():
+        return torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+
+    first = optimizer()
+    scheduler = tt.warmup_cosine(first, steps)
+    used = []
+    for _ in range(12):
+        used.append(first.param_groups[0]["lr"])
+        first.step()
+        scheduler.step()
+    resumed = optimizer()
+    resumed_scheduler = tt.warmup_cosine(resumed, steps)
+    resumed.load_state_dict(first.state_dict())  # as a checkpoint restores them
+    resumed_scheduler.load_state_dict(scheduler.state_dict())
+    for _ in range(12, steps):
+        used.append(resumed.param_groups[0]["lr"])
+        resumed.step()
+        resumed_scheduler.step()
+    assert used == pytest.approx([peak * params.schedule_factor(step, steps) for step in range(steps)])
+    assert used[0] == 0 and max(used) == pytest.approx(peak)

@@ -145,13 +145,18 @@ def test_resized_images_are_rounded_to_uint8(shape):
     assert np.abs(resized.numpy() - exact).max() <= 0.5
 
 
-def test_learning_rate_decays_along_a_cosine_to_zero():
-    optimizer = tfu.make_optimizer(1e-3, steps=10)
+@pytest.mark.parametrize("steps", [3, 30])
+def test_the_optimizer_follows_the_projects_schedule(steps):
+    """Keras' ``CosineDecay`` with a warmup gives every step the rate of :func:`params.schedule_factor` (without a
+    warmup in a run of fewer than five steps)."""
+    optimizer = tfu.make_optimizer(1e-3, steps=steps)
     rates = []
-    for step in (0, 5, 10):
+    for step in range(steps + 1):
         optimizer.iterations.assign(step)
         rates.append(float(optimizer.learning_rate))
-    np.testing.assert_allclose(rates, [1e-3, 5e-4, 0.0], atol=1e-9)
+    np.testing.assert_allclose(
+        rates, [1e-3 * params.schedule_factor(step, steps) for step in range(steps + 1)], atol=1e-9
+    )
 
 
 def test_training_augmentation_depends_on_the_seed_only_and_changes_every_epoch(splits):
