@@ -159,6 +159,18 @@ def test_the_optimizer_follows_the_projects_schedule(steps):
     )
 
 
+def test_the_devices_datasets_of_a_distributed_dataset_do_not_autotune_the_source_does():
+    """Each device's own dataset, inside the distributed iterator, without the autotune thread whose teardown stalled
+    Keras' fit; the notebook's dataset, the source, keeps its autotuning."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    source = tf.data.Dataset.range(8).batch(2)
+    iterator = iter(strategy.experimental_distribute_dataset(source))
+    device_iterators = iterator._iterators[0]._iterator._device_iterators
+    assert [each._dataset.options().autotune.enabled for each in device_iterators] == [False]
+    assert source.options().autotune.enabled is not False
+    assert [int(x) for x in next(iterator)] == [0, 1]
+
+
 def test_training_augmentation_depends_on_the_seed_only_and_changes_every_epoch(splits):
     def first_batch(data):
         return next(iter(data))[0].numpy()
