@@ -45,10 +45,11 @@ def test_the_rate_climbs_from_zero_over_a_tenth_of_the_run_then_falls_along_a_co
     assert sum(params.schedule_factor(step, 1000) for step in range(1000)) / 1000 == pytest.approx(0.5, abs=1e-3)
 
 
-@pytest.mark.parametrize("steps", [1, 2, 4])
-def test_a_run_of_fewer_than_five_steps_has_no_warmup(steps):
+@pytest.mark.parametrize("steps", [1, 2, 4, 5])
+def test_a_run_of_five_steps_or_fewer_has_no_warmup(steps):
     assert params.warmup_steps(steps) == 0
     assert params.schedule_factor(0, steps) == 1.0
+    assert params.warmup_steps(6) == 1
 
 
 @pytest.mark.parametrize("rate", [0, -1e-3, float("nan")])

@@ -244,7 +244,8 @@ def scale_learning_rate(rate: float, batch_ratio: float) -> float:
 
 
 def warmup_steps(steps: int) -> int:
-    """The steps of the warmup in a run of ``steps``: WARMUP_SHARE of them, none in a run of fewer than 5."""
+    """The steps of the warmup in a run of ``steps``: WARMUP_SHARE of them, rounded half to even: none in a run of 5
+    steps or fewer."""
     return round(WARMUP_SHARE * steps)
 
 

@@ -107,15 +107,12 @@ def _device_datasets_without_autotuning() -> None:
     from tensorflow.python.data.ops import multi_device_iterator_ops
 
     create = multi_device_iterator_ops._create_device_dataset
-    if getattr(create, "without_autotuning", False):
-        return
 
     def create_without_autotuning(*args, **kwargs):
         options = tf.data.Options()
         options.autotune.enabled = False
         return create(*args, **kwargs).with_options(options)
 
-    create_without_autotuning.without_autotuning = True
     multi_device_iterator_ops._create_device_dataset = create_without_autotuning
 
 

@@ -148,7 +148,7 @@ def test_resized_images_are_rounded_to_uint8(shape):
 @pytest.mark.parametrize("steps", [3, 30])
 def test_the_optimizer_follows_the_projects_schedule(steps):
     """Keras' ``CosineDecay`` with a warmup gives every step the rate of :func:`params.schedule_factor` (without a
-    warmup in a run of fewer than five steps)."""
+    warmup in a run of five steps or fewer)."""
     optimizer = tfu.make_optimizer(1e-3, steps=steps)
     rates = []
     for step in range(steps + 1):
