@@ -47,23 +47,22 @@ def warmup_cosine(optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
 
 
 def fit(
-    loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     loader,
     optimizer,
     epochs: int,
     process: tu.Process,
-    precision: str,
     *,
     label: str = "",
     phases: Phases | None = None,
 ) -> dict[str, list[float]]:
-    """Train for ``epochs``; ``loss_of(images, labels)`` places the batch, runs the model and returns the loss.
+    """Train for ``epochs``; ``step(images, labels)`` takes one optimizer step on a batch of ``loader`` and returns
+    its loss without waiting for it; the learning rate follows the schedule of every notebook.
 
     Returns the seconds, the mean training loss (averaged over processes) and the seconds spent waiting for the
     input pipeline of each epoch; ``phases`` gets each epoch's ``train`` phase.
     """
     scheduler = warmup_cosine(optimizer, epochs * len(loader))
-    scaler = tu.grad_scaler(precision, process.device)
     history = {"epoch_seconds": [], "train_loss": [], "data_wait_seconds": []}
     for epoch in range(epochs):
         loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -74,7 +73,7 @@ def fit(
         for images, labels, _ in tqdm(
             batches, desc=description, disable=not process.is_main, mininterval=2, file=sys.stdout
         ):
-            running += tu.optimizer_step(loss_of, images, labels, optimizer, scaler, precision, process.device)
+            running += step(images, labels)
             scheduler.step()
         if process.world_size > 1:
             dist.all_reduce(running)  # also waits for every rank, so the timing covers the slowest

@@ -51,28 +51,32 @@ def resolve_devices(requested: int | None) -> devices.Devices:
     return hardware
 
 
-def setup_distributed() -> Process:
-    """Join the process group that ``torchrun`` describes in the environment.
+def this_process() -> Process:
+    """This ``torchrun`` process: its rank and world size from the environment ``torchrun`` sets, and its device.
 
-    NCCL when this process has a GPU, gloo on the CPU. On the CPU every process
-    is one simulated device and gets its own share of the cores.
+    A GPU process takes the GPU of its local rank (cuDNN autotuning on: the input shapes are fixed). On the CPU
+    every process is one simulated device and gets its own share of the cores.
     """
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True  # input shapes are fixed: let cuDNN pick the fastest kernels
-        backend = "nccl"
+        torch.backends.cudnn.benchmark = True
     else:
         device = torch.device("cpu")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or threads_per_device(world_size)))
-        backend = "gloo"
-    if not dist.is_initialized():
-        dist.init_process_group(
-            backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None
-        )
     return Process(rank, world_size, local_rank, device)
+
+
+def setup_distributed() -> Process:
+    """:func:`this_process`, joined to the process group ``torchrun`` describes: NCCL between GPUs, gloo on the CPU.
+    ``PyTorch_MultiGPU`` spells this out; the other launched scripts, whose lesson lies elsewhere, call it."""
+    proc = this_process()
+    if not dist.is_initialized():
+        on_gpu = proc.device.type == "cuda"
+        dist.init_process_group("nccl" if on_gpu else "gloo", device_id=proc.device if on_gpu else None)
+    return proc
 
 
 def finish_distributed() -> None:
@@ -334,6 +338,13 @@ def optimizer_step(loss_of, images, labels, optimizer, scaler, precision: str, d
     scaler.step(optimizer)
     scaler.update()
     return loss.detach()
+
+
+def optimizer_step_of(loss_of, optimizer, precision: str, device):
+    """``step(images, labels)``: :func:`optimizer_step` with a loss scaler of its own, for
+    :func:`common.pytorch.training.fit`."""
+    scaler = grad_scaler(precision, device)
+    return lambda images, labels: optimizer_step(loss_of, images, labels, optimizer, scaler, precision, device)
 
 
 def images_per_second(step, batch_size: int, steps: int, devices, phases=None) -> float:

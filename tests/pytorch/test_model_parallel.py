@@ -8,7 +8,9 @@ import gloo_ranks
 import pandas as pd
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from common.data import chestxray
 from common.errors import InputError
@@ -250,12 +252,30 @@ def test_cpu_runs_name_what_only_gpus_measure():
 # must cover; micro-batches of 8 images keep BatchNorm from amplifying it (see EQUIVALENCE_TOLERANCE).
 EQUIVALENCE = dict(seed=0, image_size=32, batch=24, micro_batches=3, steps=3)
 SPAWN_TIMEOUT = 120
+CPU = torch.device("cpu")
+
+
+# The notebook's pipeline, as its launched script pipeline.py writes it, for the check to run on here (the notebook's
+# own test runs the check on the script's code). The script's stage index and device are its rank and its device;
+# these processes are gloo ranks on the CPU.
+def gpipe(stage, micro_batches, precision="fp32"):
+    stage = PipelineStage(parallel.Autocast(stage, precision, CPU), dist.get_rank(), parallel.STAGES, CPU)
+    return ScheduleGPipe(stage, n_microbatches=micro_batches, loss_fn=parallel.bce_loss, scale_grads=True)
+
+
+def pipeline_step(schedule, images, labels):
+    if dist.get_rank() == 0:
+        schedule.step(images)
+        return None
+    losses = []
+    schedule.step(target=labels, losses=losses, return_outputs=False)
+    return torch.stack(losses).detach().mean()
 
 
 def rank_main(rank: int, port: int, out: str) -> None:
     process = gloo_ranks.join(rank, 2, port)
     try:
-        found = parallel.check_equivalence(process, **EQUIVALENCE)
+        found = parallel.check_equivalence(process, gpipe, pipeline_step, **EQUIVALENCE)
         with open(f"{out}.rank{rank}", "w") as file:
             json.dump(found, file)
     finally:

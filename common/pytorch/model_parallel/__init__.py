@@ -4,9 +4,9 @@ Used by ``PyTorch_ModelParallel`` and its training scripts, as ``parallel.<name>
 ``from common.pytorch import model_parallel as parallel``; every name below comes from one submodule, one job each:
 
 - ``split``: the cut into two stages, the whole model again from their states, naive model parallelism;
-- ``pipeline``: the GPipe schedule with its loss, and the batches a stage is fed;
+- ``pipeline``: the stage wrapper and the loss of the notebook's GPipe schedule, and the batches a stage is fed;
 - ``processes``: worlds of one: the first stage's reader, the sweep's trainers, the assembled model's evaluation;
-- ``equivalence``: the check that the pipeline computes what one device computes;
+- ``equivalence``: the check that the notebook's pipeline computes what one device computes;
 - ``timing``: seconds per step, each stage's own work, the bubble;
 - ``report``: the benchmark and bubble tables, the record fields, the advice text;
 - ``checks``: the checks of the notebook's parameters.
@@ -28,7 +28,7 @@ from common.pytorch.model_parallel.equivalence import (
     exact_arithmetic,
     merge_equivalence,
 )
-from common.pytorch.model_parallel.pipeline import Autocast, bce_loss, gpipe, labels_loader, pipeline_step, random_batch
+from common.pytorch.model_parallel.pipeline import Autocast, bce_loss, labels_loader, random_batch
 from common.pytorch.model_parallel.processes import evaluate_assembled, independent_process, single_process
 from common.pytorch.model_parallel.report import (
     advice,
@@ -85,7 +85,6 @@ __all__ = [
     "evaluate_assembled",
     "exact_arithmetic",
     "extra_fields",
-    "gpipe",
     "independent_process",
     "labels_loader",
     "merge_benchmark",
@@ -94,7 +93,6 @@ __all__ = [
     "not_measured",
     "paired_times",
     "parameters_per_stage",
-    "pipeline_step",
     "random_batch",
     "seconds_per_step",
     "single_process",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from common.pytorch import utils as tu
-from common.pytorch.model_parallel.pipeline import bce_loss, gpipe, pipeline_step, random_batch
+from common.pytorch.model_parallel.pipeline import bce_loss, random_batch
 from common.pytorch.model_parallel.split import STAGES, build_stages, split_densenet
 
 # A few fp32 SGD steps, and the largest difference of the per-step loss allowed. Both sides compute the same
@@ -41,6 +42,8 @@ def accumulated_step(model: nn.Module, optimizer, images, labels, micro_batches:
 
 def check_equivalence(
     process: tu.Process,
+    gpipe: Callable,
+    pipeline_step: Callable,
     *,
     seed: int,
     image_size: int,
@@ -56,6 +59,10 @@ def check_equivalence(
     the losses, and the difference to full-batch steps, where BatchNorm sees the whole batch at once.
     Returns this rank's findings.
 
+    ``gpipe(stage, micro_batches, precision)`` builds this process's schedule and ``pipeline_step(schedule, images,
+    labels)`` runs one batch through it (the mean loss on the last stage): the notebook passes its script's own, so
+    the check verifies the code that trains.
+
     SGD rather than the notebooks' Adam: Adam divides each gradient by its own running size, so where a
     gradient is near zero a rounding difference turns into a whole step of the learning rate in either
     direction, and two correct computations drift apart by far more than rounding.
@@ -65,7 +72,7 @@ def check_equivalence(
     stage = build_stages(seed)[index].to(device)
     initial = [p.detach().clone() for p in stage.parameters()]
     optimizer = torch.optim.SGD(stage.parameters(), lr=learning_rate)
-    schedule = gpipe(stage, index, device, micro_batches)
+    schedule = gpipe(stage, micro_batches, "fp32")
 
     def reference(micro: int):
         torch.manual_seed(seed)
@@ -78,7 +85,7 @@ def check_equivalence(
         pipeline_losses = []
         for images, labels in batches:
             optimizer.zero_grad(set_to_none=True)
-            pipeline_losses.append(pipeline_step(schedule, index, images, labels))
+            pipeline_losses.append(pipeline_step(schedule, images, labels))
             optimizer.step()
         model, reference_losses = reference(micro_batches)
         full_batch_losses = reference(1)[1] if index == STAGES - 1 else None

@@ -1,15 +1,17 @@
-"""The GPipe pipeline: one process per stage, its schedule and loss, and the batches its processes are fed."""
+"""The GPipe pipeline's shared parts: the stage wrapper and the loss its schedule calls, and the batches it is fed.
+
+The pipeline itself (``PipelineStage``, ``ScheduleGPipe``, ``schedule.step``) is on the page, in the script that
+``PyTorch_ModelParallel`` launches.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from common.pytorch import utils as tu
-from common.pytorch.model_parallel.split import STAGES
 from common.run.params import NUM_CLASSES
 
 
@@ -28,32 +30,6 @@ class Autocast(nn.Module):
 def bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The mean binary cross-entropy of every notebook, computed in fp32 whatever the precision of the logits."""
     return F.binary_cross_entropy_with_logits(logits.float(), labels)
-
-
-def gpipe(
-    stage: nn.Module, index: int, device: torch.device, micro_batches: int, precision: str = "fp32"
-) -> ScheduleGPipe:
-    """This process's stage of a two-stage GPipe pipeline (all forwards, then all backwards).
-
-    Each micro-batch's loss is a mean over its images, and the schedule divides the summed gradients by the
-    number of micro-batches, so a step's gradient is the mean over the whole batch, as on one device.
-    """
-    wrapped = Autocast(stage, precision, device) if precision == "mixed" else stage
-    pipeline_stage = PipelineStage(wrapped, index, STAGES, device)
-    return ScheduleGPipe(pipeline_stage, n_microbatches=micro_batches, loss_fn=bce_loss, scale_grads=True)
-
-
-def pipeline_step(schedule: ScheduleGPipe, index: int, images: torch.Tensor | None, labels: torch.Tensor | None):
-    """Forward and backward of one batch through the pipeline; the mean loss on the last stage, else None.
-
-    The first stage needs only the images, the last only the labels: the activations arrive from the other.
-    """
-    if index == 0:
-        schedule.step(images)
-        return None
-    losses = []
-    schedule.step(target=labels, losses=losses, return_outputs=False)
-    return torch.stack([loss.detach() for loss in losses]).mean()
 
 
 def random_batch(batch: int, image_size: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
