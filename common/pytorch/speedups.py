@@ -1,16 +1,14 @@
-"""The speed-up toolbox in PyTorch: each way of training DenseNet-121 faster, measured on one device the same way.
+"""What ``PyTorch_Speedups`` measures with: the timing, the batches, and the communication and profiler figures.
 
-Used by ``PyTorch_Speedups`` and its communication script. Every measurement is one
-:class:`common.teach.toolbox.Measured` row, reported through :mod:`common.teach.toolbox` as Keras'
-are. The tests check that
-each trick that changes the arithmetic (gradient accumulation, activation checkpointing, a compiler) computes what the
-plain step computes.
+The techniques themselves (autocast, channels_last, ``torch.compile``, checkpointing, ``DataLoader`` workers, cuDNN
+autotuning, the profiler, ``no_sync``) are written out in the notebook and in the training step it writes. Every
+measurement is one :class:`common.teach.toolbox.Measured` row, reported through :mod:`common.teach.toolbox` as Keras'
+are. The tests check that each trick that changes the arithmetic (gradient accumulation, activation checkpointing, a
+compiler) computes what the plain step computes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import itertools
 import os
 import time
@@ -27,6 +25,8 @@ from common.run.params import NUM_CLASSES
 from common.teach.toolbox import Measured, not_measured
 
 GPU_COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# Kineto, torch.profiler's engine, prints "USDT profiler_start/stop" notices up to level 5: 6 is above them all
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 # ---------------------------------------------------------------- the parameters
@@ -48,13 +48,12 @@ def loader_workers(given, cores: int) -> list[int]:
 # ---------------------------------------------------------------- building and timing steps
 
 
-def densenet(device: torch.device, layout=torch.contiguous_format, checkpointed: bool = False) -> nn.Module:
-    """DenseNet-121 with 14 outputs on ``device``; ``checkpointed`` recomputes each dense layer's bottleneck (concat,
-    BatchNorm, ReLU, 1x1 convolution) in the backward pass instead of keeping its activations (torchvision's
-    ``memory_efficient``: ``torch.utils.checkpoint`` around that part only)."""
+def densenet(device: torch.device, memory_efficient: bool = False) -> nn.Module:
+    """DenseNet-121 with 14 outputs on ``device``, from the same seed every time; ``memory_efficient`` recomputes each
+    dense layer's bottleneck (concat, BatchNorm, ReLU, 1x1 convolution) in the backward pass instead of keeping its
+    activations: torchvision wraps that part, and only that part, in ``torch.utils.checkpoint``."""
     torch.manual_seed(0)
-    model = torchvision.models.densenet121(num_classes=NUM_CLASSES, memory_efficient=checkpointed)
-    return model.to(device, memory_format=layout)
+    return torchvision.models.densenet121(num_classes=NUM_CLASSES, memory_efficient=memory_efficient).to(device)
 
 
 def random_batch(batch: int, image_size: int, device, layout=torch.contiguous_format):
@@ -65,74 +64,46 @@ def random_batch(batch: int, image_size: int, device, layout=torch.contiguous_fo
     return images.to(device, memory_format=layout), labels.to(device)
 
 
-def training_step(
-    model: nn.Module, batches, precision: str, accumulation: int = 1, dtype=None, compiled=None, no_sync=None
-):
-    """One Adam step per call on the next ``(images, labels)`` of ``batches`` (a fixed batch: ``itertools.repeat``).
-
-    ``accumulation`` micro-batches: each one's gradients added up, each loss divided by their number, one optimizer
-    step: the step of the whole batch, BatchNorm aside (it normalizes each micro-batch by itself). ``dtype`` forces
-    the autocast type (``torch.float16``, with loss scaling) instead of the device's own mixed type; ``compiled``
-    is the model to run forward (``torch.compile(model)``, or a DDP wrapper), ``model`` keeps the weights;
-    ``no_sync`` (DDP's ``model.no_sync``) skips the all-reduce of every micro-batch but the last.
-    """
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    forward, loss_fn = compiled or model, nn.BCEWithLogitsLoss()
-    device = next(model.parameters()).device
-    half = precision == "mixed" and (dtype or tu.mixed_dtype(device)) == torch.float16
-    scaler = torch.amp.GradScaler(device.type, enabled=half)
-    batches = iter(batches)
-
-    def autocast():
-        if precision != "mixed":
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=dtype or tu.mixed_dtype(device))
-
-    def step():
-        images, labels = next(batches)
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        optimizer.zero_grad(set_to_none=True)
-        micro_batches = list(zip(images.chunk(accumulation), labels.chunk(accumulation)))
-        for number, (micro_images, micro_labels) in enumerate(micro_batches, 1):
-            skip = no_sync() if no_sync is not None and number < len(micro_batches) else contextlib.nullcontext()
-            with skip:  # forward and backward both: DDP decides in the forward pass whether to all-reduce
-                with autocast():
-                    loss = loss_fn(forward(micro_images).float(), micro_labels) / accumulation
-                scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        return loss.detach()
-
-    return step
+def fixed_batch(batch: int, image_size: int, device, layout=torch.contiguous_format):
+    """:func:`random_batch` held in device memory, endlessly: the step's data without an input pipeline."""
+    return itertools.repeat(random_batch(batch, image_size, device, layout))
 
 
-def releasing(measurement):
-    """The toolbox measures in the notebook's kernel, which lives on: after each measurement its GPU memory goes back
-    to the driver, for the processes the notebook launches next (see :func:`common.pytorch.utils.release_memory`)."""
+def on_device(loader, device):
+    """The batches of ``loader``, epoch after epoch, as the training step takes them: the model's input and the
+    labels on ``device``."""
+    for images, labels, _ in itertools.chain.from_iterable(itertools.repeat(loader)):
+        yield tu.to_model_input(images, device), labels.to(device, non_blocking=True)
 
-    @functools.wraps(measurement)
-    def measured(*args, **kwargs):
-        try:
-            return measurement(*args, **kwargs)
-        finally:
-            tu.release_memory()
 
-    return measured
+def cannot_compute(dtype, device) -> str | None:
+    """Why ``device`` cannot run autocast in ``dtype`` at its own speed, or None when it can."""
+    if dtype is torch.float16 and device.type != "cuda":
+        return "fp16 autocast needs a GPU"
+    if dtype is torch.bfloat16 and device.type == "cuda" and not tu.native_bf16():
+        return "this GPU has no bf16 of its own (emulated)"
+    return None
 
 
 def measure(technique: str, setting: str, step, batch: int, steps: int, device, warmup: int = 2, **extra) -> Measured:
-    """Time ``steps`` calls of ``step()`` after ``warmup`` ones timed apart; the peak memory of all of them (GPUs)."""
+    """Time ``steps`` calls of ``step()`` after ``warmup`` ones timed apart; the peak memory of all of them (GPUs).
+
+    The notebook's kernel lives on after each measurement: the GPU memory its allocator cached goes back to the
+    driver (:func:`common.pytorch.utils.release_memory`), for the processes the notebook launches next."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    began = time.time()
-    seconds = timed_steps(step, steps, lambda _: tu.synchronize([device]), warmup=warmup)
-    first = time.time() - began - seconds
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    try:
+        began = time.time()
+        seconds = timed_steps(step, steps, lambda _: tu.synchronize([device]), warmup=warmup)
+        first = time.time() - began - seconds
+        peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    finally:
+        del step
+        tu.release_memory()
     return Measured(technique, setting, batch, steps * batch / seconds, first, peak, None, began, time.time(), extra)
 
 
-@releasing
 def sweep_batches(make_step, batches, device, steps: int, technique: str) -> list[Measured]:
     """Images/s and peak memory at each of ``batches`` (ascending), stopping at the first that does not fit: the
     largest batch is found, not guessed. ``make_step(batch)`` builds the step."""
@@ -141,7 +112,7 @@ def sweep_batches(make_step, batches, device, steps: int, technique: str) -> lis
         try:
             rows.append(measure(technique, f"batch {batch}", make_step(batch), batch, steps, device))
         except torch.OutOfMemoryError as error:
-            torch.cuda.empty_cache()
+            tu.release_memory()
             rows.append(not_measured(technique, f"batch {batch}", batch, f"out of memory: {str(error)[:60]}"))
             break
     return rows
@@ -186,132 +157,6 @@ def predicted_efficiency(step_seconds: float, gradient_bytes: float, devices: in
 # ---------------------------------------------------------------- the notebook's sections
 
 
-@releasing
-def precision_and_layout(device, batch: int, image_size: int, steps: int) -> list[Measured]:
-    """fp32, bf16 autocast and fp16 with loss scaling, each in the default layout and in channels_last."""
-    rows = []
-    for precision, dtype, name in (
-        ("fp32", None, "fp32"),
-        ("mixed", torch.bfloat16, "bf16"),
-        ("mixed", torch.float16, "fp16 + loss scaling"),
-    ):
-        for layout, layout_name in ((torch.contiguous_format, "NCHW"), (torch.channels_last, "channels_last")):
-            setting = f"{name}, {layout_name}"
-            if dtype is torch.float16 and device.type != "cuda":
-                rows.append(not_measured("precision", setting, batch, "fp16 autocast needs a GPU"))
-                continue
-            if dtype is torch.bfloat16 and device.type == "cuda" and not tu.native_bf16():
-                rows.append(not_measured("precision", setting, batch, "this GPU has no bf16 of its own (emulated)"))
-                continue
-            data = itertools.repeat(random_batch(batch, image_size, device, layout))
-            step = training_step(densenet(device, layout), data, precision, dtype=dtype)
-            rows.append(measure("precision", setting, step, batch, steps, device))
-    return rows
-
-
-@releasing
-def compilers(device, batch: int, image_size: int, steps: int, precision: str, modes, why_not) -> list[Measured]:
-    """Eager against ``torch.compile`` in each of ``modes``; the compilation shows as ``first_steps_seconds``."""
-    data = itertools.repeat(random_batch(batch, image_size, device))
-    rows = [measure("compiler", "eager", training_step(densenet(device), data, precision), batch, steps, device)]
-    if not modes:
-        return [*rows, not_measured("compiler", "torch.compile", batch, why_not)]
-    for mode in modes:
-        torch._dynamo.reset()  # each mode compiles from scratch, its compilation timed in its own first steps
-        model = densenet(device)
-        step = training_step(model, data, precision, compiled=torch.compile(model, mode=mode))
-        rows.append(measure("compiler", f"torch.compile {mode}", step, batch, steps, device))
-    return rows
-
-
-@releasing
-def memory_for_speed(
-    device, batch: int, image_size: int, steps: int, precision: str, accumulation: int, batches
-) -> list[Measured]:
-    """Activation checkpointing and gradient accumulation against the plain step at the same batch, and the largest
-    batch that fits with checkpointing (GPUs: the sweep of ``batches`` beyond the plain step's largest)."""
-    data = itertools.repeat(random_batch(batch, image_size, device))
-    rows = [
-        measure("memory", "plain", training_step(densenet(device), data, precision), batch, steps, device),
-        measure(
-            "memory",
-            "checkpointing",
-            training_step(densenet(device, checkpointed=True), data, precision),
-            batch,
-            steps,
-            device,
-        ),
-        measure(
-            "memory",
-            f"{accumulation} micro-batches",
-            training_step(densenet(device), data, precision, accumulation),
-            batch,
-            steps,
-            device,
-        ),
-    ]
-    if device.type != "cuda":
-        return [*rows, not_measured("checkpointing", "largest batch", batch, "device memory is measured on GPUs")]
-
-    def checkpointed(b):
-        return training_step(
-            densenet(device, checkpointed=True), itertools.repeat(random_batch(b, image_size, device)), precision
-        )
-
-    return rows + sweep_batches(checkpointed, batches, device, steps, "checkpointing")
-
-
-@releasing
-def autotuning(device, batch: int, image_size: int, steps: int, precision: str) -> list[Measured]:
-    """cuDNN's kernel search on and off: what the first steps cost and the steady state gains."""
-    if device.type != "cuda":
-        return [not_measured("cuDNN autotuning", "on and off", batch, "cuDNN runs on NVIDIA GPUs")]
-    rows, before = [], torch.backends.cudnn.benchmark
-    try:
-        for benchmark in (False, True):
-            torch.backends.cudnn.benchmark = benchmark
-            data = itertools.repeat(random_batch(batch, image_size, device))
-            step = training_step(densenet(device), data, precision)
-            rows.append(measure("cuDNN autotuning", "on" if benchmark else "off", step, batch, steps, device))
-    finally:
-        torch.backends.cudnn.benchmark = before
-    return rows
-
-
-@releasing
-def profile(device, batch: int, image_size: int, precision: str, folder, steps: int = 3):
-    """``torch.profiler`` over ``steps`` steps after two unprofiled ones: the top operators by device time (CPU time on
-    a CPU), and the Chrome trace written into ``folder`` (apart from the results records), its path returned."""
-    trace_path = Path(folder) / f"speedups-{device.type}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as profiler
-
-    # 6: above every level Kineto prints at, its "USDT profiler_start/stop" lines included (5 still shows those)
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    step = training_step(densenet(device), itertools.repeat(random_batch(batch, image_size, device)), precision)
-    step(), step()
-    on_gpu = device.type == "cuda"
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
-    with profiler(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-        tu.synchronize([device])
-    prof.export_chrome_trace(str(trace_path))
-    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda event: getattr(event, key), reverse=True)[:12]
-    total = sum(getattr(event, key) for event in prof.key_averages()) or 1
-    top = pd.DataFrame(
-        {
-            "operator": [event.key for event in events],
-            "calls": [event.count for event in events],
-            f"{'device' if on_gpu else 'CPU'} ms per step": [getattr(e, key) / 1000 / steps for e in events],
-            "share": [getattr(event, key) / total for event in events],
-        }
-    )
-    return top.set_index("operator").round(3), trace_path
-
-
-@releasing
 def check_arithmetic(device, accumulation: int, compile_mode: str | None = None, batch: int = 8, size: int = 32):
     """Each trick's step against the plain one on one small batch: the largest gradient difference relative to the
     largest gradient (accumulation, checkpointing), and the loss difference (a compiler)."""
@@ -332,7 +177,7 @@ def check_arithmetic(device, accumulation: int, compile_mode: str | None = None,
     reference, plain_loss = gradients(plain)
     rows = {
         f"{accumulation} micro-batches": relative(gradients(plain, accumulation)[0], reference),
-        "checkpointing": relative(gradients(densenet(device, checkpointed=True).eval())[0], reference),
+        "checkpointing": relative(gradients(densenet(device, memory_efficient=True).eval())[0], reference),
     }
     if compile_mode:
         torch._dynamo.reset()
@@ -397,40 +242,29 @@ def communication_lines(communication: list[Measured]) -> list[str]:
     return lines
 
 
-@releasing
-def input_pipeline(split, device, batch: int, image_size: int, steps: int, precision: str, workers) -> list[Measured]:
-    """The training step fed by a ``DataLoader`` over ``split`` with each number of ``workers``, then at the most
-    workers with pinned memory (GPUs) and with a deeper prefetch."""
-
-    def fed(loader_workers: int, pin_memory: bool = False, prefetch_factor: int | None = None):
-        data = torch.utils.data.DataLoader(
-            tu.ChestXrayDataset(split, tu.train_transform(image_size)),
-            batch_size=batch, shuffle=True, drop_last=True, num_workers=loader_workers, pin_memory=pin_memory,
-            prefetch_factor=prefetch_factor if loader_workers else None, persistent_workers=loader_workers > 0,
-        )  # fmt: skip
-        batches = (
-            (tu.to_model_input(images, device), labels)
-            for images, labels, _ in itertools.chain.from_iterable(itertools.repeat(data))
-        )
-        return training_step(densenet(device), batches, precision)
-
-    rows = [measure("input pipeline", f"{n} workers", fed(n), batch, steps, device, workers=n) for n in workers]
-    most = max(workers)
-    if device.type == "cuda":
-        rows.append(measure("input pipeline", f"{most} workers, pinned", fed(most, True), batch, steps, device))
-    if most:
-        rows.append(measure("input pipeline", f"{most} workers, prefetch 4", fed(most, prefetch_factor=4), batch, steps,
-                            device))  # fmt: skip
-    return rows
+# ---------------------------------------------------------------- the profiler's figures
 
 
-@releasing
-def in_ram(device, batch: int, image_size: int, steps: int, precision: str) -> Measured:
-    """The baseline every technique is compared with: the plain step on one batch held in device memory."""
-    step = training_step(densenet(device), itertools.repeat(random_batch(batch, image_size, device)), precision)
-    return measure("baseline", "in RAM", step, batch, steps, device)
+def trace_path(folder, device) -> str:
+    """Where a Chrome trace of this run's profile goes: ``folder`` (apart from the results records), named by the
+    device and the time."""
+    return str(Path(folder) / f"speedups-{device.type}-{time.strftime('%Y%m%d-%H%M%S')}.json")
 
 
-def sweep_step(device, image_size: int, precision: str):
-    """``make_step(batch)`` for :func:`sweep_batches`: the plain step at each batch."""
-    return lambda b: training_step(densenet(device), itertools.repeat(random_batch(b, image_size, device)), precision)
+def top_operators(prof, device, steps: int, count: int = 12) -> pd.DataFrame:
+    """The ``count`` operators of a ``torch.profiler`` profile over ``steps`` steps that took the most device time (CPU
+    time on a CPU), per step and as a share of all."""
+    on_gpu = device.type == "cuda"
+    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    averages = prof.key_averages()
+    events = sorted(averages, key=lambda event: getattr(event, key), reverse=True)[:count]
+    total = sum(getattr(event, key) for event in averages) or 1
+    top = pd.DataFrame(
+        {
+            "operator": [event.key for event in events],
+            "calls": [event.count for event in events],
+            f"{'device' if on_gpu else 'CPU'} ms per step": [getattr(e, key) / 1000 / steps for e in events],
+            "share": [getattr(event, key) / total for event in events],
+        }
+    )
+    return top.set_index("operator").round(3)

@@ -1,7 +1,9 @@
 """common.pytorch.speedups and common.teach.toolbox: the tricks that change the arithmetic compute the plain step, and
 the toolbox's sums are right."""
 
-import itertools
+import json
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,15 +29,38 @@ def test_activation_checkpointing_leaves_the_gradients_unchanged(checks):
     assert checks["checkpointing"] < 1e-6
 
 
+def notebook_step():
+    """The training step that PyTorch_Speedups writes to a file and times: the very cell, run here as a module."""
+    cells = json.loads((Path(__file__).parents[2] / "notebooks" / "PyTorch_Speedups.ipynb").read_text())["cells"]
+    sources = ["".join(cell["source"]) for cell in cells]
+    (source,) = [source for source in sources if source.startswith("%%writefile {work_dir}/speedup_step.py")]
+    module = types.ModuleType("speedup_step")
+    exec(compile(source.split("\n", 1)[1], "speedup_step.py", "exec"), module.__dict__)
+    return module.training_step
+
+
+def small_network():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 14))
+
+
+def test_the_notebooks_step_accumulates_micro_batches_into_the_batchs_step():
+    training_step = notebook_step()
+    whole, accumulated = small_network(), small_network()
+    data = sp.fixed_batch(8, 16, CPU)
+    training_step(whole, data)(), training_step(accumulated, data, accumulation=4)()
+    for a, b in zip(whole.parameters(), accumulated.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)  # one Adam step from the same gradients: the same weights
+
+
 def test_a_compiled_step_takes_the_eager_steps_loss():
     """torch.compile on a small network (DenseNet-121 takes minutes to compile on a CPU): the same losses, step by
     step, within float32 rounding of fused kernels."""
+    training_step = notebook_step()
 
     def losses(compile_it):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 14))
-        data = itertools.repeat(sp.random_batch(4, 16, CPU))
-        step = sp.training_step(model, data, "fp32", compiled=torch.compile(model) if compile_it else None)
+        model = small_network()
+        step = training_step(model, sp.fixed_batch(4, 16, CPU), forward=torch.compile(model) if compile_it else None)
         return [step().item() for _ in range(3)]
 
     torch._dynamo.reset()
@@ -86,5 +111,5 @@ def test_each_measurement_in_the_kernel_releases_the_device_memory_it_used(monke
     """The toolbox measures in the notebook's kernel; the communication processes it launches next need the GPU."""
     released = []
     monkeypatch.setattr(sp.tu, "release_memory", lambda: released.append(True))
-    sp.in_ram(torch.device("cpu"), batch=2, image_size=32, steps=1, precision="fp32")
+    sp.measure("baseline", "in RAM", lambda: None, batch=2, steps=1, device=CPU)
     assert released == [True]
