@@ -20,7 +20,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # Example: {"snippet": "model = densenet121(", "notebooks": {"A.ipynb", "B.ipynb"}, "reason": "..."}
 ALLOWED: list[dict] = [
     {
-        "snippet": "device_names = tfu.configure_devices(hardware, STRATEGY)",
+        "snippet": "policy = tfu.set_precision(PRECISION, hardware.kind)",
         "notebooks": {"Keras_TF_MultiGPU.ipynb", "Tensorflow_MultiGPU.ipynb"},
         "reason": "one framework: both configure TensorFlow's devices, strategy and precision policy alike and part "
         "ways at the training loop (a custom loop against model.fit), which is what the pair teaches",

@@ -26,6 +26,8 @@ def test_every_technique_is_measured_and_recorded(records):
     found, _ = records
     assert {variant.split(":")[0] for variant in found} == {"input pipeline", "baseline", "batch size", "precision",
                                                            "compiler"}  # fmt: skip
+    pipeline = [variant.split(": ")[1] for variant in found if variant.startswith("input pipeline")]
+    assert sorted(pipeline) == ["1 map threads", "AUTOTUNE", "AUTOTUNE, no prefetch"], "the page's tf.data chains"
     for record in found.values():
         assert record["data"] == results.IN_RAM and record["images_per_second"] > 0 and record["notebook"] == NOTEBOOK
         assert record["framework"] == "keras" and record["devices"] == 1

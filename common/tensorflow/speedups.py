@@ -1,10 +1,12 @@
-"""The speed-up toolbox in Keras and TensorFlow's own terms, for ``Keras_Speedups``.
+"""The measuring and bookkeeping behind ``Keras_Speedups``, whose cells write each technique in Keras and TensorFlow's
+own terms.
 
 Where Keras' tool differs from PyTorch's (:mod:`common.pytorch.speedups`): a global mixed-precision *policy* instead of
 an autocast context, XLA (``model.compile(jit_compile=True)``) instead of ``torch.compile``, ``tf.data``'s parallel
-``map`` and ``prefetch`` instead of ``DataLoader`` worker processes, and the TensorFlow profiler. Every measurement
-times ``model.fit`` itself, the way the Keras notebook trains, through :class:`common.tensorflow.callbacks.StepTimer`,
-and comes back as a :class:`common.teach.toolbox.Measured` row.
+``map`` and ``prefetch`` instead of ``DataLoader`` worker processes, and the TensorFlow profiler. The notebook builds
+its models, its ``tf.data`` chain and its profile itself; here every measurement times ``model.fit``, the way the Keras
+notebook trains, through :class:`common.tensorflow.callbacks.StepTimer`, and comes back as a
+:class:`common.teach.toolbox.Measured` row, and the profile is read into a table and a Chrome trace.
 """
 
 from __future__ import annotations
@@ -44,45 +46,6 @@ def xla_default(given, kind: str) -> tuple[bool, str | None]:
     return False, "compiling DenseNet-121 with XLA takes a minute or more on a CPU: set XLA=True to measure it anyway"
 
 
-def compiled(network, policy: str = "float32", jit_compile: bool = False, seed: int = 0) -> keras.Model:
-    """``network()`` built under the mixed-precision ``policy`` from ``seed`` (the same weights for the same seed) and
-    compiled for logits with the training notebooks' Adam (:class:`tfu.Adam`); ``jit_compile`` compiles its training
-    step with XLA instead of running the traced TensorFlow graph. Keras' own default, ``"auto"``, picks XLA only on a
-    GPU and outside ``tf.distribute``.
-
-    Under ``mixed_float16``, ``model.compile`` wraps the optimizer in dynamic loss scaling by itself.
-    """
-    before = keras.mixed_precision.global_policy().name
-    keras.mixed_precision.set_global_policy(policy)  # read by every layer as it is built
-    try:
-        keras.utils.set_random_seed(seed)
-        model = network()
-    finally:
-        keras.mixed_precision.set_global_policy(before)
-    model.compile(
-        optimizer=tfu.Adam(LEARNING_RATE),
-        loss=keras.losses.BinaryCrossentropy(from_logits=True),
-        jit_compile=jit_compile,
-    )
-    return model
-
-
-def densenet(image_size: int):
-    """The notebooks' DenseNet-121 with logits, as a builder for :func:`compiled`."""
-    return lambda: tfu.build_densenet121(image_size, activation=None)
-
-
-def variants(image_size: int, kind: str, xla: bool) -> dict[str, keras.Model]:
-    """DenseNet-121 once for each way of computing its step, all from the same seed: float32 (the baseline), each
-    mixed-precision policy the device has, and float32 compiled with XLA."""
-    wanted = {PLAIN: (PLAIN, False), "mixed_bfloat16": ("mixed_bfloat16", False)}
-    if kind == "gpu":
-        wanted["mixed_float16"] = ("mixed_float16", False)
-    if xla:
-        wanted[XLA] = (PLAIN, True)
-    return {name: compiled(densenet(image_size), policy, jit) for name, (policy, jit) in wanted.items()}
-
-
 def first_steps(models: dict[str, keras.Model], batch: int, image_size: int) -> pd.DataFrame:
     """Each model's :func:`first_step`: its loss and seconds."""
     found = {name: first_step(model, batch, image_size) for name, model in models.items()}
@@ -101,7 +64,7 @@ def first_step(model: keras.Model, batch: int, image_size: int) -> tuple[float, 
     and with XLA its compilation, done once here for every later ``fit`` on batches of this shape. Two models built
     from the same seed start from the same weights, so their first losses differ only by how the step is computed."""
     start = time.perf_counter()
-    with quiet_start_up(gpu_present=bool(devices.gpu_names())):  # XLA logs its start and first compile at INFO
+    with quiet_logs():
         history = model.fit(in_ram(batch, image_size), steps_per_epoch=1, epochs=1, verbose=0, shuffle=False)
     return history.history["loss"][0], time.perf_counter() - start
 
@@ -117,20 +80,6 @@ def measure(technique: str, setting: str, model, data, batch: int, steps: int, w
     first = time.time() - began - steps * batch / rate
     peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20 if gpu else None
     return toolbox.Measured(technique, setting, batch, rate, first, peak, None, began, time.time(), extra)
-
-
-def input_pipeline(model, split, batch: int, image_size: int, steps: int, threads) -> list[toolbox.Measured]:
-    """The same model fed by ``tf.data`` with each number of parallel ``map`` calls (decoding and augmenting), then
-    with AUTOTUNE choosing them, and with AUTOTUNE but no prefetch (the next batch made only when asked for)."""
-
-    def fed(parallel_calls, prefetch=True):
-        return tfu.dataset(split, image_size, batch, training=True, parallel_calls=parallel_calls,
-                           prefetch=prefetch).repeat()  # fmt: skip
-
-    rows = [measure("input pipeline", f"{n} map threads", model, fed(n), batch, steps, threads=n) for n in threads]
-    rows.append(measure("input pipeline", "AUTOTUNE", model, fed(tf.data.AUTOTUNE), batch, steps))
-    rows.append(measure("input pipeline", "AUTOTUNE, no prefetch", model, fed(tf.data.AUTOTUNE, False), batch, steps))
-    return rows
 
 
 def sweep_batches(model, batches, image_size: int, steps: int) -> list[toolbox.Measured]:
@@ -181,19 +130,23 @@ def check_compiled(first: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------- the TensorFlow profiler
 
 
-def profile(model, batch: int, image_size: int, folder, steps: int = PROFILED_STEPS):
-    """The TensorFlow profiler over ``steps`` steps of ``model.fit``: the top operations by device time (by time on
-    the host's compute threads on a CPU) as a table, the profile written into ``folder`` for TensorBoard's profile
-    plugin (XProf), and its events as a Chrome trace for chrome://tracing or Perfetto, whose path is returned."""
-    folder = Path(folder) / f"keras-speedups-{time.strftime('%Y%m%d-%H%M%S')}"
-    data = in_ram(batch, image_size)
-    model.fit(data, steps_per_epoch=2, epochs=1, verbose=0, shuffle=False)  # traced and warm before the profile starts
-    with quiet_start_up(gpu_present=bool(devices.gpu_names())):  # the profiler logs its session at INFO on fd 2
-        tf.profiler.experimental.start(str(folder))
-        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
-        tf.profiler.experimental.stop()
-    space = xspace(next(folder.rglob("*.xplane.pb")))
-    trace = folder / "trace.json"
+def profile_dir(folder) -> Path:
+    """A new folder under ``folder`` for one profile: TensorBoard's profile plugin (XProf) lists each run by it."""
+    return Path(folder) / f"keras-speedups-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def quiet_logs():
+    """Pass on what TensorFlow writes to file descriptor 2 inside the block, but its INFO lines: the profiler logs its
+    session there, and XLA its start and first compile."""
+    return quiet_start_up(gpu_present=bool(devices.gpu_names()))
+
+
+def read_profile(folder, steps: int) -> tuple[pd.DataFrame, Path]:
+    """The profile the TensorFlow profiler wrote into ``folder`` over ``steps`` steps: the top operations by device
+    time (by time on the host's compute threads on a CPU) as a table, and its events as a Chrome trace for
+    chrome://tracing or Perfetto, written next to it, whose path is returned."""
+    space = xspace(next(Path(folder).rglob("*.xplane.pb")))
+    trace = Path(folder) / "trace.json"
     trace.write_text(json.dumps(chrome_trace(space)))
     return top_operations(space, steps), trace
 

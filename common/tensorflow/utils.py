@@ -86,10 +86,11 @@ def configure_devices(hardware: common_devices.Devices, strategy: str = "mirrore
 
 
 def make_strategy(name: str, device_names: list[str], kind: str) -> tf.distribute.Strategy:
-    """The ``tf.distribute`` strategy called ``name`` over ``device_names``.
+    """The ``tf.distribute`` strategy called ``name`` over ``device_names``, for tests and scripts: the notebooks
+    spell these lines out, as TensorFlow's distributed-training guide writes them.
 
     ``mirrored``: a copy of the variables on every device, gradients all-reduced (NCCL on GPUs).
-    ``central_storage``: variables on one device (the CPU, or the only GPU), computation replicated.
+    ``central_storage``: the variables once, on the CPU; the computation replicated on every device.
     ``multi_worker``: mirrored across processes or machines described by ``TF_CONFIG``; without it,
     this process is the only worker (its GPUs, or one CPU device).
     """
@@ -102,10 +103,20 @@ def make_strategy(name: str, device_names: list[str], kind: str) -> tf.distribut
         strategy = tf.distribute.experimental.CentralStorageStrategy(device_names, parameter_device="/cpu:0")
     else:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        workers = strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])
-        if len(workers) > 1:
-            task = strategy.cluster_resolver.task_id
-            kernel.on_interrupt(lambda: stop_other_workers(f"worker {task}"))
+    return prepare_strategy(strategy)
+
+
+def prepare_strategy(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
+    """What a notebook does once it has built ``strategy``; returns it.
+
+    A worker of several (``TF_CONFIG``) tells the others when the stop button ends one of its cells
+    (:func:`stop_other_workers`), and the first graph's notices are caught (:func:`quiet_first_graph_notices`).
+    """
+    resolver = strategy.cluster_resolver  # None but for a multi-worker strategy
+    workers = resolver.cluster_spec().as_dict().get("worker", []) if resolver is not None else []
+    if len(workers) > 1:
+        task = resolver.task_id
+        kernel.on_interrupt(lambda: stop_other_workers(f"worker {task}"))
     quiet_first_graph_notices()
     return strategy
 
@@ -323,7 +334,8 @@ def trainable_parameters(model: keras.Model) -> int:
 
 
 def replica_loss(labels: tf.Tensor, logits: tf.Tensor, global_batch: int) -> tf.Tensor:
-    """One replica's share of the mean binary cross-entropy over the global batch.
+    """One replica's share of the mean binary cross-entropy over the global batch, as the TensorFlow notebook's
+    ``train_step`` writes it out.
 
     The optimizer sums the replicas' gradients, so each replica divides its summed loss by the
     global batch, not by its own: with 2 replicas a per-replica mean would double every step.
@@ -426,6 +438,22 @@ def _images(split) -> tuple[list | np.ndarray, callable]:
     return np.arange(len(split)), read
 
 
+def training_items(split, image_size: int, seed: int = 0):
+    """The training split before :func:`dataset`'s parallel ``map``, for ``Keras_Speedups``, whose page writes out the
+    rest of the chain: ``((image key, label), augmentation seed)`` items, shuffled anew and with new seeds on every
+    pass (the same for the same ``seed``), and the function that makes one of them ``(uint8 image, label)``: the image
+    read (from the prepared copy, or its PNG decoded), randomly cropped and flipped (:func:`train_transform`)."""
+    keys, read = _images(split)
+    items = tf.data.Dataset.from_tensor_slices((keys, split.labels.astype(np.float32)))
+    items = items.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+
+    def read_and_augment(item, pair):
+        return train_transform(read(item[0]), image_size, pair), item[1]
+
+    return tf.data.Dataset.zip(items, seeds), read_and_augment
+
+
 def dataset(
     split, image_size: int, global_batch: int, training: bool, seed: int = 0, parallel_calls=None, prefetch=True
 ) -> tf.data.Dataset:
@@ -438,17 +466,13 @@ def dataset(
     the last partial batch so every step has the global batch; evaluation keeps it, so every image is scored exactly
     once.
     """
-    keys, read = _images(split)
     parallel_calls = parallel_calls or tf.data.AUTOTUNE
-    data = tf.data.Dataset.from_tensor_slices((keys, split.labels.astype(np.float32)))
     if training:
-        data = data.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)
-        # one augmentation seed per image, new each epoch, the same for the same SEED
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-        data = tf.data.Dataset.zip(data, seeds).map(
-            lambda item, pair: (train_transform(read(item[0]), image_size, pair), item[1]), parallel_calls
-        )
+        items, read_and_augment = training_items(split, image_size, seed)
+        data = items.map(read_and_augment, parallel_calls)
     else:
+        keys, read = _images(split)
+        data = tf.data.Dataset.from_tensor_slices((keys, split.labels.astype(np.float32)))
         data = data.map(lambda key, label: (eval_transform(read(key), image_size), label), parallel_calls)
     data = data.batch(global_batch, drop_remainder=training)
     # AUTOTUNE: one batch, doubled only when the devices drain the buffer empty, within tf.data's RAM budget

@@ -1,11 +1,15 @@
-"""common.tensorflow.speedups: XLA computes the traced graph's step, and the measurements and the profile are read
-right.
+"""Keras_Speedups' own cells and common.tensorflow.speedups: the variants the page builds (XLA computes the traced
+graph's step), the tf.data chain it writes reads what the TensorFlow notebooks read, and the measurements and the
+profile are read right.
 
 On a small network: DenseNet-121 takes a minute to compile with XLA on a CPU; the notebook test runs the real one.
 """
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -31,15 +35,32 @@ def small():
     )
 
 
-def test_models_built_from_one_seed_start_from_the_same_weights():
-    first, second = ks.compiled(small, seed=3), ks.compiled(small, seed=3)
+NOTEBOOK = Path(__file__).parents[2] / "notebooks" / "Keras_Speedups.ipynb"
+
+
+def page(start: str, **names) -> dict:
+    """The names that the notebook's code cell starting with ``start`` defines, run with ``names`` as its globals."""
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    (source,) = [text for cell in cells if (text := "".join(cell["source"])).startswith(start)]
+    exec(source, names)  # the notebook's own lines, as its kernel runs them
+    return names
+
+
+def densenet(seed: int = 0):
+    """The page's ``densenet(policy, jit_compile)``, building :func:`small` where the page builds DenseNet-121."""
+    network = SimpleNamespace(build_densenet121=lambda size: small(), Adam=tfu.Adam)
+    return page("def densenet(", keras=keras, tfu=network, ks=ks, SEED=seed, size=16)["densenet"]
+
+
+def test_the_variants_the_page_builds_start_from_the_same_weights():
+    first, second = densenet(seed=3)(), densenet(seed=3)("mixed_bfloat16")
     for a, b in zip(first.get_weights(), second.get_weights()):
         assert (a == b).all()
 
 
 def test_the_xla_compiled_step_takes_the_traced_steps_loss():
-    """Step by step from the same weights, within float32 rounding of XLA's fused kernels."""
-    plain, xla = ks.compiled(small, jit_compile=False), ks.compiled(small, jit_compile=True)
+    """Step by step from the same weights, within float32 rounding of XLA's fused kernels: the page's variants."""
+    plain, xla = densenet()(), densenet()(jit_compile=True)
     assert xla.jit_compile and not plain.jit_compile
     losses = {}
     for name, model in (("plain", plain), ("xla", xla)):
@@ -50,14 +71,16 @@ def test_the_xla_compiled_step_takes_the_traced_steps_loss():
     assert ks.check_compiled(first.drop(ks.XLA)).empty, "no XLA model, nothing to check"
 
 
-def test_a_policy_builds_the_model_in_its_compute_type_and_leaves_the_global_policy_alone():
-    model = ks.compiled(small, policy="mixed_bfloat16")
+def test_a_policy_builds_the_model_in_its_compute_type_and_the_next_model_in_float32():
+    build = densenet()
+    model, after = build("mixed_bfloat16"), build()
     assert model.layers[0].compute_dtype == "bfloat16" and model.layers[-1].compute_dtype == "float32"
-    assert keras.mixed_precision.global_policy().name == "float32"
+    assert keras.mixed_precision.global_policy().name == "float32" and after.layers[0].compute_dtype == "float32"
+    assert isinstance(build("mixed_float16").optimizer, keras.optimizers.LossScaleOptimizer), "fp16 scales its loss"
 
 
 def test_a_measurement_times_the_steps_after_the_warm_up():
-    model = ks.compiled(small)
+    model = densenet()()
     row = ks.measure("batch size", "batch 4", model, ks.in_ram(4, 16), 4, steps=3, devices=1)
     assert row.images_per_second > 0 and row.first_steps_seconds > 0 and row.peak_memory_mib is None
     assert row.start < row.end and row.extra == {"devices": 1}
@@ -73,17 +96,28 @@ def test_the_batch_sweep_stops_at_the_first_batch_that_does_not_fit(monkeypatch)
         return measured(technique, setting, model, data, batch, steps, **extra)
 
     monkeypatch.setattr(ks, "measure", measure)
-    rows = ks.sweep_batches(ks.compiled(small), [4, 8, 16, 32], 16, steps=2)
+    rows = ks.sweep_batches(densenet()(), [4, 8, 16, 32], 16, steps=2)
     assert [row.batch for row in rows] == [4, 8, 16] and "out of memory" in rows[-1].not_measured
     assert toolbox.stopped_because(rows) == "largest batch that fit: 8 (the next ran out of memory)"
 
 
-def test_the_input_pipeline_is_measured_at_each_parallelism(standin):
-    split = chestxray.load(standin, seed=0)["train"]
-    model = ks.compiled(small)
-    rows = ks.input_pipeline(model, split, 4, 16, steps=2, threads=[1, 2])
-    assert [row.setting for row in rows] == ["1 map threads", "2 map threads", "AUTOTUNE", "AUTOTUNE, no prefetch"]
-    assert all(row.images_per_second > 0 for row in rows) and rows[1].extra == {"threads": 2}
+def test_the_pages_tf_data_chain_reads_what_the_notebooks_train_on(standin):
+    """With any number of map threads, with or without prefetch: the images, augmentations and order of
+    :func:`tfu.dataset`, which the TensorFlow notebooks train on, pass after pass (one image a batch: the page's chain
+    repeats before it batches, so its batches run on across passes). Each chain from the cell run anew: every
+    iteration of one shuffled dataset shuffles anew."""
+    splits = chestxray.load(standin, seed=0)
+    passes = 2 * len(splits["train"])
+    expected = list(tfu.dataset(splits["train"], 16, 1, training=True, seed=5).repeat().take(passes))
+    for threads, prefetch in ((None, True), (1, True), (2, False)):
+        fed = page("items, read_and_augment = ", tfu=tfu, tf=tf, splits=splits, size=16, SEED=5, batch=1)["fed"]
+        chain = fed(threads, prefetch)
+        assert ("Prefetch" in type(chain).__name__) == prefetch
+        for (images, labels), (want_images, want_labels) in zip(chain.take(passes), expected, strict=True):
+            np.testing.assert_array_equal(images, want_images)
+            np.testing.assert_array_equal(labels, want_labels)
+    row = ks.measure("input pipeline", "1 map threads", densenet()(), fed(1), 1, steps=2, threads=1)
+    assert row.images_per_second > 0 and row.extra == {"threads": 1}
 
 
 def test_xla_is_measured_on_a_gpu_and_on_request():
@@ -94,7 +128,12 @@ def test_xla_is_measured_on_a_gpu_and_on_request():
 
 
 def test_the_profile_names_the_ops_and_writes_a_chrome_trace(tmp_path):
-    top, trace = ks.profile(ks.compiled(small), 4, 16, tmp_path, steps=2)
+    model, data = densenet()(), ks.in_ram(4, 16)
+    model.fit(data, steps_per_epoch=2, epochs=1, verbose=0, shuffle=False)
+    logdir = ks.profile_dir(tmp_path)
+    with ks.quiet_logs(), tf.profiler.experimental.Profile(str(logdir)):
+        model.fit(data, steps_per_epoch=2, epochs=1, verbose=0, shuffle=False)
+    top, trace = ks.read_profile(logdir, steps=2)
     assert any("Conv2D" in name for name in top.index) and 0 < top["share"].sum() <= 1.0001
     assert not any("__inference" in name or "PartitionedCall" in name for name in top.index), "ops, not functions"
     assert top.columns[0] == "host ms per step" and (top["host ms per step"] > 0).all()

@@ -1,16 +1,20 @@
 """The TensorFlow pieces both TensorFlow notebooks are built from, and tf.distribute's data-parallel sync."""
 
+import builtins
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from IPython.core.events import EventManager, available_events
+from IPython.core.interactiveshell import ExecutionResult
 from png_modes import HEIGHT, MODES, WIDTH, write
 
 from common.data import chestxray
@@ -392,6 +396,29 @@ def test_checkpoints_of_a_multi_worker_run_are_refused():
     tfu.check_checkpointing("multi_worker", None)
     with pytest.raises(InputError, match="CHECKPOINT_DIR with STRATEGY='multi_worker' is not supported"):
         tfu.check_checkpointing("multi_worker", "/tmp/checkpoints")
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2], ids=["one process", "one worker", "two workers"])
+def test_a_worker_of_several_tells_the_others_when_the_stop_button_ends_a_cell(monkeypatch, workers):
+    """The kernel lives on after the stop button: the other workers would wait for this one in their next all-reduce
+    forever. Notebooks build their strategy themselves and hand it to prepare_strategy; make_strategy does the same."""
+    shell = SimpleNamespace(events=EventManager(None, available_events))
+    monkeypatch.setattr(builtins, "get_ipython", lambda: shell, raising=False)  # inside a kernel
+    told, quieted = [], []
+    monkeypatch.setattr(tfu, "stop_other_workers", told.append)
+    monkeypatch.setattr(tfu, "quiet_first_graph_notices", lambda: quieted.append(True))
+    cluster = tf.train.ClusterSpec({"worker": [f"localhost:{2222 + index}" for index in range(workers)]})
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, task_type="worker", task_id=workers - 1)
+    # what MultiWorkerMirroredStrategy reads from TF_CONFIG, without joining a cluster; MirroredStrategy has none
+    strategy = SimpleNamespace(cluster_resolver=resolver if workers else None)
+    assert tfu.prepare_strategy(strategy) is strategy and quieted == [True]
+    shell.events.trigger("post_run_cell", ExecutionResult(None))  # a cell that finished: nothing to tell
+    assert told == []
+    stopped = ExecutionResult(None)
+    stopped.error_in_exec = KeyboardInterrupt()
+    for _ in range(2):  # told once: the first stop leaves this worker out of the cluster
+        shell.events.trigger("post_run_cell", stopped)
+    assert told == (["worker 1"] if workers > 1 else [])
 
 
 START_UP = """WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
