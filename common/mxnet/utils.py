@@ -33,14 +33,12 @@ NO_KERNELS_FROM = (9, 0)  # the first compute capability MXNet's wheels have no 
 DIST_KVSTORES = ("dist_sync", "dist_device_sync")
 
 
-def contexts(hardware: devices.Devices) -> list:
-    """``[mx.gpu(0), ...]`` on a GPU box, ``[mx.cpu(0), ...]`` for simulated devices; a stop, naming the fix, on GPUs
-    that this MXNet cannot use."""
-    if hardware.kind == "cpu":
-        return [mx.cpu(i) for i in range(hardware.count)]
-    check_compute_capability(hardware)
-    devices.require_usable(hardware, f"MXNet {mx.__version__}", mx.context.num_gpus(), cuda_build())
-    return [mx.gpu(i) for i in range(hardware.count)]
+def check_gpus(hardware: devices.Devices) -> None:
+    """A stop, naming the fix, on GPUs that this MXNet cannot use (too new for its kernels, or a build without CUDA),
+    before the notebook makes ``mx.gpu(i)`` contexts that would fail at their first operation."""
+    if hardware.kind == "gpu":
+        check_compute_capability(hardware)
+        devices.require_usable(hardware, f"MXNet {mx.__version__}", mx.context.num_gpus(), cuda_build())
 
 
 def cuda_build() -> str | None:
