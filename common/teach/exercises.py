@@ -77,6 +77,8 @@ def value(record: dict, field: str):
 
 def compare(results_dir, notebook: str, *, variant=None, fields=(), how: str | None = None, **varied) -> pd.DataFrame:
     """The newest run of ``notebook`` for each value of one parameter, as a table; prints which wanted run is missing.
+    Where fewer than two of the wanted values have run and one that this machine can run is missing (a Run All before
+    the learner tried), no table: only what to run.
 
     ``varied`` is one ``NAME=[values]``: a notebook parameter of :data:`PARAMETERS` (or a record field) and the values
     the exercise compares; without it, the variants found are compared. ``variant``: only records whose variant starts
@@ -117,6 +119,11 @@ def compare(results_dir, notebook: str, *, variant=None, fields=(), how: str | N
     if prefixes:
         for what, why in unmeasured.items():
             print(f"Not measured on this machine, {what}: {why}")
+    runnable = [v for v in missing if _unmeasured(v, unmeasured) is None]
+    if runnable and sum(v in newest for v in wanted) < 2:
+        # Run All runs this cell too: before the learner's own run there is nothing to compare, only the run above
+        print("Nothing to compare yet: the table shows once two of the runs above exist.")
+        return pd.DataFrame(index=pd.Index([], name=name))
     order = [v for v in wanted if v in newest] + sorted((v for v in newest if v not in wanted), key=_natural)
     rows = {v: _row(newest[v], everything, fields) for v in order}
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -160,12 +167,20 @@ def _papermill(name: str, value) -> str:
     return f"-p {name} {value}"
 
 
+def _unmeasured(wanted, unmeasured: dict) -> tuple[str, str] | None:
+    """``(what, why)`` of the record's ``not_measured`` entry that names the value ``wanted``, if one does."""
+    for what, why in unmeasured.items():
+        if re.search(rf"(?<![\w-]){re.escape(str(wanted))}(?![\w-])", what):
+            return what, why
+    return None
+
+
 def _missing(name: str, wanted, missing, reference: dict, other, ignored, how, results_dir, unmeasured) -> str:
     """One sentence: what has not run yet and how to run it, or why this machine cannot (``unmeasured``); where one
     change (``how``) runs all the ``missing`` values, one sentence for all of them."""
-    for what, why in unmeasured.items():
-        if re.search(rf"(?<![\w-]){re.escape(str(wanted))}(?![\w-])", what):
-            return f"{name}={wanted!r} is not measured on this machine ({what}): {why}."
+    if found := _unmeasured(wanted, unmeasured):
+        what, why = found
+        return f"{name}={wanted!r} is not measured on this machine ({what}): {why}."
     if how and other is None:
         values = ", ".join(f"{name}={v!r}" for v in missing)
         return f"Not run yet: {values}. To compare, run this notebook with {how}, then this cell again."
