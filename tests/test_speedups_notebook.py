@@ -11,8 +11,8 @@ NOTEBOOK = "PyTorch_Speedups"
 TINY = dict(DEVICES=2, IMAGE_SIZE=32, BATCH_SIZE_PER_DEVICE=8, BENCH_STEPS=2, MAX_IMAGES=200, BATCH_SIZES=[4, 8],
             LOADER_WORKERS=[0, 1])  # fmt: skip
 # measured on a CPU: 2 loader settings and a deeper prefetch, the baseline, 2 batches, fp32 and bf16 in 2 layouts,
-# eager, the plain step, checkpointing and accumulation, and 5 communication settings
-RECORDS = 3 + 1 + 2 + 4 + 1 + 3 + 5
+# eager, the plain step, two grains of checkpointing and accumulation, and 5 communication settings
+RECORDS = 3 + 1 + 2 + 4 + 1 + 4 + 5
 
 
 @pytest.fixture(scope="module")

@@ -29,14 +29,33 @@ def test_activation_checkpointing_leaves_the_gradients_unchanged(checks):
     assert checks["checkpointing"] < 1e-6
 
 
+def notebook_cell(start: str) -> str:
+    """The source of the one code cell of PyTorch_Speedups that starts with ``start``: tests run the page's own code."""
+    cells = json.loads((Path(__file__).parents[2] / "notebooks" / "PyTorch_Speedups.ipynb").read_text())["cells"]
+    (source,) = [s for s in ("".join(cell["source"]) for cell in cells) if s.startswith(start)]
+    return source
+
+
 def notebook_step():
     """The training step that PyTorch_Speedups writes to a file and times: the very cell, run here as a module."""
-    cells = json.loads((Path(__file__).parents[2] / "notebooks" / "PyTorch_Speedups.ipynb").read_text())["cells"]
-    sources = ["".join(cell["source"]) for cell in cells]
-    (source,) = [source for source in sources if source.startswith("%%writefile {work_dir}/speedup_step.py")]
     module = types.ModuleType("speedup_step")
-    exec(compile(source.split("\n", 1)[1], "speedup_step.py", "exec"), module.__dict__)
+    source = notebook_cell("%%writefile {work_dir}/speedup_step.py").split("\n", 1)[1]
+    exec(compile(source, "speedup_step.py", "exec"), module.__dict__)
     return module.training_step
+
+
+def test_checkpointing_whole_blocks_leaves_the_gradients_unchanged():
+    """The page's torch.utils.checkpoint around each dense block: the same gradients as keeping every activation."""
+    page = {"torch": torch, "sp": sp, "device": CPU}
+    exec(notebook_cell("class Checkpointed(torch.nn.Module):"), page)
+    checkpointed, plain = page["blocks_checkpointed"]().eval(), sp.densenet(CPU).eval()  # fixed BatchNorm statistics
+    assert sum(isinstance(m, page["Checkpointed"]) for m in checkpointed.modules()) == 4
+    images, labels = sp.random_batch(4, 32, CPU)
+    gradients = []
+    for model in (checkpointed, plain):
+        nn.functional.binary_cross_entropy_with_logits(model(images), labels).backward()
+        gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert float((gradients[0] - gradients[1]).abs().max() / gradients[1].abs().max()) < 1e-6
 
 
 def small_network():
