@@ -454,29 +454,26 @@ def training_items(split, image_size: int, seed: int = 0):
     return tf.data.Dataset.zip(items, seeds), read_and_augment
 
 
-def dataset(
-    split, image_size: int, global_batch: int, training: bool, seed: int = 0, parallel_calls=None, prefetch=True
-) -> tf.data.Dataset:
+def dataset(split, image_size: int, global_batch: int, training: bool, seed: int = 0) -> tf.data.Dataset:
     """A ``tf.data`` pipeline over a :class:`common.data.chestxray.Split`, batched by the global batch: uint8 gray
     images (batch, size, size, 1) and float32 labels; the model normalizes the images on the devices.
 
     Images are read (from the prepared copy, or decoded from their PNGs) and augmented in parallel (AUTOTUNE picks
-    the threads, unless ``parallel_calls`` says how many) and the next batches are prefetched while the devices
-    compute (unless ``prefetch`` is False); the order and the augmentation depend on ``seed`` only. Training drops
+    the threads) and the next batches are prefetched while the devices compute; the order and the augmentation depend
+    on ``seed`` only. Training drops
     the last partial batch so every step has the global batch; evaluation keeps it, so every image is scored exactly
     once.
     """
-    parallel_calls = parallel_calls or tf.data.AUTOTUNE
     if training:
         items, read_and_augment = training_items(split, image_size, seed)
-        data = items.map(read_and_augment, parallel_calls)
+        data = items.map(read_and_augment, tf.data.AUTOTUNE)
     else:
         keys, read = _images(split)
         data = tf.data.Dataset.from_tensor_slices((keys, split.labels.astype(np.float32)))
-        data = data.map(lambda key, label: (eval_transform(read(key), image_size), label), parallel_calls)
+        data = data.map(lambda key, label: (eval_transform(read(key), image_size), label), tf.data.AUTOTUNE)
     data = data.batch(global_batch, drop_remainder=training)
     # AUTOTUNE: one batch, doubled only when the devices drain the buffer empty, within tf.data's RAM budget
-    return (data.prefetch(tf.data.AUTOTUNE) if prefetch else data).with_options(_sharded_by_data())
+    return data.prefetch(tf.data.AUTOTUNE).with_options(_sharded_by_data())
 
 
 def _sharded_by_data() -> tf.data.Options:
