@@ -1,4 +1,5 @@
-"""What the TensorFlow notebooks' first training step costs, by optimizer: Keras' Adam against :class:`tfu.Adam`.
+"""What the TensorFlow notebooks' first training step costs: Keras' Adam against :class:`tfu.Adam`, with and without
+Grappler's graph passes (which :func:`tfu.configure_devices` turns off on CPU devices).
 
     python -m common.tensorflow.first_step [--devices 1 2] [--size 64] [--batch 16] [--readme README.md]
 
@@ -21,10 +22,15 @@ import pandas as pd
 from common.measure import report
 
 README_START, README_END = "<!-- first-step:start -->", "<!-- first-step:end -->"
-OPTIMIZERS = {"keras": "keras.optimizers.Adam", "fused": "tfu.Adam (one ResourceApplyAdam per variable)"}
+# name: (optimizer, Grappler's passes on, the row's label)
+VARIANTS = {
+    "keras": ("keras", True, "keras.optimizers.Adam, Grappler on"),
+    "fused-grappler": ("fused", True, "tfu.Adam, Grappler on"),
+    "fused": ("fused", False, "tfu.Adam, Grappler off (the notebooks' CPU setting)"),
+}
 
 
-def measure_one(devices: int, size: int, batch: int, optimizer: str, steps: int = 5) -> dict[str, float]:
+def measure_one(devices: int, size: int, batch: int, variant: str, steps: int = 20) -> dict[str, float]:
     """Seconds to trace, to run the first time and per later step, in this process (which it configures)."""
     import numpy as np
 
@@ -34,7 +40,9 @@ def measure_one(devices: int, size: int, batch: int, optimizer: str, steps: int 
     from common.tensorflow.imports import keras, tf
 
     hardware = common_devices.resolve(devices)
+    optimizer, grappler, _ = VARIANTS[variant]
     strategy = tfu.make_strategy("mirrored", tfu.configure_devices(hardware), hardware.kind)
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": not grappler})
     global_batch = batch * strategy.num_replicas_in_sync
     schedule = keras.optimizers.schedules.CosineDecay(1e-3, decay_steps=100)
     with strategy.scope():
@@ -71,17 +79,20 @@ def measure_one(devices: int, size: int, batch: int, optimizer: str, steps: int 
 def measure(device_counts: list[int], size: int, batch: int) -> pd.DataFrame:
     rows = {}
     for devices in device_counts:
-        for optimizer, name in OPTIMIZERS.items():
-            command = [sys.executable, "-m", "common.tensorflow.first_step", "--one", optimizer]
+        for variant, (_, _, name) in VARIANTS.items():
+            command = [sys.executable, "-m", "common.tensorflow.first_step", "--one", variant]
             command += ["--devices", str(devices), "--size", str(size), "--batch", str(batch)]
             out = subprocess.run(command, capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 raise SystemExit(f"{' '.join(command)} failed:\n{out.stderr[-3000:]}")
             seconds = json.loads(out.stdout.strip().splitlines()[-1])
-            seconds["first step"] = seconds["trace"] + seconds["first run"]
-            rows[f"{devices} device{'s' * (devices > 1)}, {name}"] = seconds
-    table = pd.DataFrame.from_dict(rows, orient="index")[["trace", "first run", "first step", "step"]]
-    return table.rename_axis("run").add_suffix(" s")
+            rows[f"{devices} device{'s' * (devices > 1)}, {name}"] = {
+                "trace s": seconds["trace"],
+                "first run s": seconds["first run"],
+                "first step s": seconds["trace"] + seconds["first run"],
+                "step ms": 1000 * seconds["step"],  # Grappler's passes change it by a few percent: 0.1 s would hide it
+            }
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("run")
 
 
 def main(argv=None) -> pd.DataFrame | None:
@@ -90,7 +101,7 @@ def main(argv=None) -> pd.DataFrame | None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16, help="images per device")
     parser.add_argument("--readme", help="also write the table into this file's first-step block (README.md)")
-    parser.add_argument("--one", choices=OPTIMIZERS, help=argparse.SUPPRESS)  # a row, in a process of its own
+    parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # a row, in a process of its own
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(measure_one(args.devices[0], args.size, args.batch, args.one)))

@@ -51,7 +51,7 @@ def configure_devices(hardware: common_devices.Devices, strategy: str = "mirrore
 
     GPUs: only the first ``hardware.count`` are visible, each with memory growth so TensorFlow does
     not reserve all memory up front. CPU: the physical CPU is split into ``hardware.count`` logical
-    devices, so ``MirroredStrategy`` runs its real multi-replica path.
+    devices, so ``MirroredStrategy`` runs its real multi-replica path, and Grappler's graph passes are off.
     """
     check_strategy(strategy)
     if strategy == "multi_worker" and hardware.kind == "cpu" and hardware.count > 1:
@@ -75,6 +75,9 @@ def configure_devices(hardware: common_devices.Devices, strategy: str = "mirrore
         # run at once: each replica's ops get a device's share of the cores.
         tf.config.threading.set_intra_op_parallelism_threads(common_devices.threads_per_device(hardware.count))
         tf.config.threading.set_inter_op_parallelism_threads(hardware.count)
+        # Grappler's graph passes (layouts, fusions, constant folding) pay on GPUs; on CPU devices they cost more of
+        # DenseNet-121's first step than they win back in its later ones (make bench-first-step measures both)
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * hardware.count)
     except RuntimeError as error:
@@ -287,29 +290,48 @@ class Adam(keras.optimizers.Adam):
     tf.keras' Adam ran): the same arithmetic (tests/tensorflow/test_tf_utils.py compares the two).
 
     Keras 3 writes the update as about twenty graph ops per variable, and ``MirroredStrategy`` traces it once per
-    variable and replica: 728 times for DenseNet-121 on 2 replicas. One op instead cuts the first step's tracing and
-    graph optimization (``make bench-first-step`` measures both); on a GPU it is one kernel launch per variable
-    instead of about ten.
+    variable and replica: 728 times for DenseNet-121 on 2 replicas. One op instead, fed with the step's scalars (the
+    learning rate, the betas' powers) made once per device rather than once per variable, cuts the first step's
+    tracing and graph optimization (``make bench-first-step`` measures both); on a GPU it is one kernel launch per
+    variable instead of about ten.
     """
 
+    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+        scalars = {}  # (device, dtype) -> this step's scalars, made on the first of that device's variables
+
+        def update(variable, gradient, learning_rate):  # this device's learning rate: the strategy unwraps args
+            key = (variable.device, variable.dtype)
+            if key not in scalars:
+                scalars[key] = self._step_scalars(variable.dtype, learning_rate)
+            return self._fused_update(gradient, variable, scalars[key])
+
+        for gradient, variable in grads_and_vars:
+            distribution.extended.update(variable, update, args=(gradient, learning_rate), group=False)
+
     def update_step(self, gradient, variable, learning_rate):
-        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):  # kernels of their own: Keras' ops instead
-            return super().update_step(gradient, variable, learning_rate)
-        dtype = variable.dtype
-        index = self._get_variable_index(variable)
+        return self._fused_update(gradient, variable, self._step_scalars(variable.dtype, learning_rate))
+
+    def _step_scalars(self, dtype, learning_rate) -> dict[str, tf.Tensor]:
         step = tf.cast(self.iterations.value + 1, dtype)
         beta_1, beta_2 = tf.constant(self.beta_1, dtype), tf.constant(self.beta_2, dtype)
-        tf.raw_ops.ResourceApplyAdam(
-            var=variable.handle,
-            m=self._momentums[index].value.handle,  # under a strategy's update: this device's copy
-            v=self._velocities[index].value.handle,
+        return dict(
             beta1_power=tf.pow(beta_1, step),
             beta2_power=tf.pow(beta_2, step),
             lr=tf.cast(learning_rate, dtype),
             beta1=beta_1,
             beta2=beta_2,
             epsilon=tf.constant(self.epsilon, dtype),
-            grad=tf.cast(gradient, dtype),
+        )
+
+    def _fused_update(self, gradient, variable, scalars):
+        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):  # kernels of their own: Keras' ops instead
+            return super().update_step(gradient, variable, scalars["lr"])
+        tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle,
+            m=self._momentums[self._get_variable_index(variable)].value.handle,  # under an update: this device's copy
+            v=self._velocities[self._get_variable_index(variable)].value.handle,
+            grad=tf.cast(gradient, variable.dtype),
+            **scalars,
         )
 
 

@@ -270,6 +270,11 @@ def test_the_fused_adam_takes_keras_adams_steps_on_every_replica(replicas):
     assert result["two_vs_one"] < 1e-6 and result["central_storage_vs_mirrored"] < 1e-6
 
 
+def test_cpu_devices_train_without_grapplers_passes(replicas):
+    """make bench-first-step: on 2 CPU devices they cost 7-8 s of DenseNet-121's first step."""
+    assert replicas["grappler"].get("disable_meta_optimizer") is True
+
+
 def test_multi_worker_without_tf_config_is_one_worker_taking_the_same_step(replicas):
     assert replicas["multi_worker"] == {"replicas": 1, "vs_one": pytest.approx(0.0, abs=1e-6)}
 

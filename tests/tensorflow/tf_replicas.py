@@ -153,7 +153,7 @@ def max_difference(a: list, b: list) -> float:
 def main() -> None:
     names = tfu.configure_devices(devices.resolve(2, gpus=[], cores=2))
     initial = [variable.numpy() for variable in make_model().trainable_weights]
-    report = {"devices": names}
+    report = {"devices": names, "grappler": tf.config.optimizer.get_experimental_options()}
     one_device = {}  # the weights after one step on one device, per strategy
     for name in ("mirrored", "central_storage"):
         one = tfu.make_strategy(name, names[:1], "cpu")
