@@ -2,11 +2,19 @@
 
 MXNet 1.9.1 still uses ``numpy.bool``, an alias that numpy 1.24 removed; it meant the builtin ``bool``.
 Its engine also reads its thread count once, when it is imported, so the count is passed here.
+
+MXNet runs its operators in its engine's threads, each with a team of OpenMP threads. A large ``asnumpy()`` (the
+weights, read for a checkpoint or a fingerprint) runs an OpenMP copy in the thread that calls it, whose team then
+stays: with more OpenMP threads than cores, libgomp stops letting idle threads spin, and every later operator waits
+for its team to wake. The Gluon notebook's step on one ``mx.cpu(0)`` on 2 cores fell from about 82 to 54-60 images/s
+for the rest of the process after one ``asnumpy()`` of a million floats, and stayed at 82-83 when the calling thread
+copies with one OpenMP thread, as :func:`load` sets (the engine's threads keep theirs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
 import warnings
@@ -39,4 +47,6 @@ def load(threads: int | None = None):
         _distutils_hack.remove_shim()
     import mxnet
 
+    with contextlib.suppress(OSError):  # MXNet's Linux wheels link the system's libgomp
+        ctypes.CDLL("libgomp.so.1").omp_set_num_threads(1)  # this thread's OpenMP regions only
     return mxnet

@@ -1,8 +1,11 @@
 """Gluon data parallelism and the Gluon notebook's helpers, on simulated CPU contexts."""
 
+import ctypes
 import math
+import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -45,6 +48,17 @@ def test_mxnet_import_restores_the_numpy_alias_and_keeps_its_threads():
     assert np.bool is bool and mxnet_import.load() is sys.modules["mxnet"]
     with pytest.warns(UserWarning, match="keeps those threads"):
         mxnet_import.load(threads=12345)
+
+
+def test_the_importing_thread_copies_with_one_openmp_thread_and_the_engines_keep_theirs():
+    """An asnumpy() in a thread with an OpenMP team of its own slowed every later step (common/mxnet/imports.py)."""
+    gomp = ctypes.CDLL("libgomp.so.1")
+    others = []
+    thread = threading.Thread(target=lambda: others.append(gomp.omp_get_max_threads()))
+    thread.start()
+    thread.join()
+    assert gomp.omp_get_max_threads() == 1
+    assert others == [int(os.environ.get("OMP_NUM_THREADS", len(os.sched_getaffinity(0))))]
 
 
 def test_densenet_has_the_shared_parameter_count_and_takes_small_images():
