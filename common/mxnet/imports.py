@@ -4,7 +4,7 @@ MXNet 1.9.1 still uses ``numpy.bool``, an alias that numpy 1.24 removed; it mean
 Its engine also reads its thread count once, when it is imported, so the count is passed here.
 
 MXNet runs its operators in its engine's threads, each with a team of OpenMP threads. A large ``asnumpy()`` (the
-weights, read for a checkpoint or a fingerprint) runs an OpenMP copy in the thread that calls it, whose team then
+weights read for the notebook's fingerprint, say) runs an OpenMP copy in the thread that calls it, whose team then
 stays: with more OpenMP threads than cores, libgomp stops letting idle threads spin, and every later operator waits
 for its team to wake. The Gluon notebook's step on one ``mx.cpu(0)`` on 2 cores fell from about 82 to 54-60 images/s
 for the rest of the process after one ``asnumpy()`` of a million floats, and stayed at 82-83 when the calling thread

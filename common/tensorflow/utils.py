@@ -326,10 +326,11 @@ class Adam(keras.optimizers.Adam):
     def _fused_update(self, gradient, variable, scalars):
         if self.amsgrad or isinstance(gradient, tf.IndexedSlices):  # kernels of their own: Keras' ops instead
             return super().update_step(gradient, variable, scalars["lr"])
+        index = self._get_variable_index(variable)
         tf.raw_ops.ResourceApplyAdam(
             var=variable.handle,
-            m=self._momentums[self._get_variable_index(variable)].value.handle,  # under an update: this device's copy
-            v=self._velocities[self._get_variable_index(variable)].value.handle,
+            m=self._momentums[index].value.handle,  # under a strategy's update: this device's copy
+            v=self._velocities[index].value.handle,
             grad=tf.cast(gradient, variable.dtype),
             **scalars,
         )
