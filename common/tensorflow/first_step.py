@@ -90,7 +90,7 @@ def measure(device_counts: list[int], size: int, batch: int) -> pd.DataFrame:
                 "trace s": seconds["trace"],
                 "first run s": seconds["first run"],
                 "first step s": seconds["trace"] + seconds["first run"],
-                "step ms": 1000 * seconds["step"],  # Grappler's passes change it by a few percent: 0.1 s would hide it
+                "step ms": 1000 * seconds["step"],  # Grappler's passes change it by tens of ms: 0.1 s would hide it
             }
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("run")
 

@@ -75,8 +75,8 @@ def configure_devices(hardware: common_devices.Devices, strategy: str = "mirrore
         # run at once: each replica's ops get a device's share of the cores.
         tf.config.threading.set_intra_op_parallelism_threads(common_devices.threads_per_device(hardware.count))
         tf.config.threading.set_inter_op_parallelism_threads(hardware.count)
-        # Grappler's graph passes (layouts, fusions, constant folding) pay on GPUs; on CPU devices they cost more of
-        # DenseNet-121's first step than they win back in its later ones (make bench-first-step measures both)
+        # Grappler's graph passes (layouts, fusions, constant folding) pay on GPUs; on CPU devices they cost seconds
+        # of every traced graph's first run, more than the notebooks' tens of steps win back (make bench-first-step)
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * hardware.count)
@@ -483,9 +483,8 @@ def dataset(split, image_size: int, global_batch: int, training: bool, seed: int
 
     Images are read (from the prepared copy, or decoded from their PNGs) and augmented in parallel (AUTOTUNE picks
     the threads) and the next batches are prefetched while the devices compute; the order and the augmentation depend
-    on ``seed`` only. Training drops
-    the last partial batch so every step has the global batch; evaluation keeps it, so every image is scored exactly
-    once.
+    on ``seed`` only. Training drops the last partial batch so every step has the global batch; evaluation keeps it,
+    so every image is scored exactly once.
     """
     if training:
         items, read_and_augment = training_items(split, image_size, seed)
