@@ -103,6 +103,16 @@ def test_the_splits_read_the_prepared_copy_and_a_training_process_only_opens_it(
     assert chestxray.load(standin_copy)["test"].pixels(2).shape == (32, 32)  # without: the PNG itself
 
 
+def test_unprepared_splits_decode_each_png_and_give_the_prepared_pixels_without_making_a_copy(standin_copy):
+    """PREPARED=False: the same pixels as the copy (the same crops follow from them), at a decode per read."""
+    decoded = chestxray.load(standin_copy, prepared_size=SIZE, prepared=False)["test"]
+    assert decoded.prepared is None and not prepare.folder_for(standin_copy, SIZE).exists()
+    prepared = chestxray.load(standin_copy, prepared_size=SIZE)["test"]
+    for index in (0, 2, len(decoded) - 1):
+        np.testing.assert_array_equal(decoded.pixels(index), prepared.pixels(index))
+    assert decoded.pixels(0).flags.writeable, "a tensor made from it without a copy may be written"
+
+
 def test_a_prepared_copy_cut_short_is_rebuilt_with_a_message_and_refused_to_a_training_process(standin_copy, capsys):
     """A full disk or a copy killed midway: trusted, it killed training with 'mmap length is greater than file size'."""
     paths = image_paths(standin_copy)

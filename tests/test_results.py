@@ -198,6 +198,9 @@ def test_a_runs_two_records_share_its_fields_and_are_complete(tmp_path):
         assert record.fields["utilization_started"] == 1000.0 and len(record.utilization) == 1
     assert trained.fields["images_per_second"] == 48.0  # the first epoch left out
     assert trained.fields["phases"] == phases.rows() and trained.fields["data_wait_seconds"] == [0.1, 0.0]
+    decoded = results.Run("pytorch", "PyTorch_MultiGPU", hardware, {**cfg, "PREPARED": False}, devices=2,
+                          global_batch=32, learning_rate=2e-3)  # fmt: skip
+    assert decoded.fields["prepared_size"] is None, "a run that decoded the PNGs says so"
     assert benchmarked.fields["data"] == results.IN_RAM and benchmarked.fields["epochs"] == 0
     # a variant that used fewer devices says so in its own record
     assert run.benchmark(50.0, Watched(), devices=1, variant="single").fields["devices"] == 1

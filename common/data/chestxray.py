@@ -17,7 +17,7 @@ import pandas as pd
 from PIL import Image
 
 from common.data import prepare
-from common.data.image_io import read_gray
+from common.data.image_io import open_gray, read_gray
 from common.data.layout import CSV_NAME, NO_FINDING, TEST_LIST, TRAIN_VAL_LIST
 from common.data.prepare import Prepared
 from common.errors import InputError
@@ -33,7 +33,8 @@ class Split:
     """One part of the data: image paths, multi-hot labels (n x 14), patient ids, and where the pixels come from.
 
     With a prepared copy (:mod:`common.data.prepare`) ``rows`` are the images' rows in it; without, each image is
-    decoded from its PNG. Every framework's input pipeline reads pixels through :meth:`pixels`.
+    decoded from its PNG and, with ``size``, shrunk as the prepare step shrinks it (:func:`common.data.prepare.shrink`),
+    so both give the same pixels. Every framework's input pipeline reads pixels through :meth:`pixels`.
     """
 
     paths: list[str]
@@ -41,15 +42,22 @@ class Split:
     patients: np.ndarray
     prepared: Prepared | None = None
     rows: np.ndarray | None = None
+    size: int | None = None  # the side of the images :meth:`pixels` gives (a PNG is shrunk to it); None: as decoded
+
+    def __post_init__(self):
+        if self.prepared is not None:
+            self.size = self.prepared.size
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def pixels(self, index: int) -> np.ndarray:
-        """Image ``index`` as gray uint8 pixels: its row of the prepared copy, or its PNG decoded."""
+        """Image ``index`` as gray uint8 pixels: its row of the prepared copy, or its PNG decoded (and shrunk)."""
         if self.prepared is not None:
             return self.prepared.pixels(int(self.rows[index]))
-        return read_gray(self.paths[index])
+        if self.size is None:
+            return read_gray(self.paths[index])
+        return prepare.shrink(open_gray(self.paths[index]), self.size)
 
     def prevalence(self) -> pd.Series:
         return pd.Series(self.labels.mean(axis=0), index=list(FINDINGS), name="prevalence")
@@ -196,20 +204,27 @@ def subsample_patients(entries: pd.DataFrame, max_images: int | None, seed: int)
 
 
 def load(
-    data_dir, max_images: int | None = None, seed: int = 0, check: bool = True, prepared_size: int | None = None
+    data_dir,
+    max_images: int | None = None,
+    seed: int = 0,
+    check: bool = True,
+    prepared_size: int | None = None,
+    prepared: bool = True,
 ) -> dict[str, Split]:
     """Read, check and split a ChestX-ray14 folder: ``{"train": Split, "valid": Split, "test": Split}``.
 
     Every problem a user can fix (missing files, bad labels, unreadable images) is raised here, before any
     training time is spent. With ``prepared_size``, the splits read the prepared copy of the whole folder at that
     size, made now if it is missing or stale (which checks every image) and trusted after a cheap check otherwise;
-    ``check=False`` (a launched training process) only opens it. Without, ``check`` decodes every image once.
+    ``check=False`` (a launched training process) only opens it. ``prepared=False`` (the notebooks' ``PREPARED``)
+    decodes each PNG whenever it is read instead and shrinks it to ``prepared_size`` there: the same pixels, at a
+    decode's cost every epoch. Without a copy, ``check`` decodes every image once.
     """
     entries = read_entries(data_dir)
-    prepared = _prepared(data_dir, entries, prepared_size, make=check) if prepared_size else None
+    copy = _prepared(data_dir, entries, prepared_size, make=check) if prepared_size and prepared else None
     entries = subsample_patients(entries, max_images, seed).reset_index(drop=True)
     paths = locate_images(data_dir, entries["Image Index"].tolist())
-    if check and prepared is None:
+    if check and copy is None:
         check_images(paths)
     parts, _ = assign_splits(entries, data_dir, seed)
     labels = multi_hot(entries["Finding Labels"])
@@ -224,7 +239,7 @@ def load(
             )
         split_paths = [paths[i] for i in rows]
         splits[name] = Split(
-            split_paths, labels[rows], patients[rows], prepared, prepared and prepared.rows(split_paths)
+            split_paths, labels[rows], patients[rows], copy, copy and copy.rows(split_paths), prepared_size
         )
     return splits
 

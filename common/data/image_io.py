@@ -1,8 +1,8 @@
 """The one rule that turns an image file into 8-bit gray pixels, the same for every framework.
 
-PyTorch, Gluon and Chainer decode with :func:`read_gray`; TensorFlow's ``tf_utils._decode`` computes the same
-pixels with tf ops. Pillow's ``convert("L")`` clips 16-bit gray to 255 (a 16-bit X-ray comes out almost all
-white), so 16-bit gray keeps its high byte instead, as ``tf.io.decode_png`` does.
+The prepare step and every framework's pipeline (through :meth:`common.data.chestxray.Split.pixels`) decode with it.
+Pillow's ``convert("L")`` clips 16-bit gray to 255 (a 16-bit X-ray comes out almost all white), so 16-bit gray keeps
+its high byte instead, as ``tf.io.decode_png`` does.
 """
 
 from __future__ import annotations

@@ -279,4 +279,4 @@ def shrink(image: Image.Image, size: int) -> np.ndarray:
     target = (max(size, round(width * scale)), max(size, round(height * scale)))
     resized = image.resize(target, Image.BILINEAR, reducing_gap=1.0)
     left, top = (resized.width - size) // 2, (resized.height - size) // 2
-    return np.asarray(resized.crop((left, top, left + size, top + size)))
+    return np.array(resized.crop((left, top, left + size, top + size)))  # writable, as a row of the copy is

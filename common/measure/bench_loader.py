@@ -1,16 +1,21 @@
 """Benchmark of every framework's training input pipeline, in images per second per core.
 
-    python -m common.measure.bench_loader [--images 64] [--size 1024] [--crop 224] [--batch 16] [--readme README.md]
+    python -m common.measure.bench_loader [--images 64] [--size 1024] [--crop 224] [--batch 16] [--pass-images 512]
+                                          [--readme README.md]
 
 Run from the tools environment (``make bench-loader``); each framework's pipeline is timed by a process of its own
 environment's Python (``--pipeline``), so a framework whose environment is not installed gets a row that says so.
 
 On a generated stand-in of the real images' size (1024 px), prepared once at ``params.prepared_size(crop)``, it
 times on one core:
-  1. a plain PIL decode loop: the bound of any pipeline that reads PNGs (none decodes faster than libpng);
+  1. a plain PIL decode loop: the bound of any pipeline that reads PNGs (none decodes faster than libpng), and the
+     same with the prepare step's shrink, the bound of the PNG path before its crop;
   2. each framework's training pipeline (read + random resized crop + flip, batched by its own loader with no worker
      process and one thread; every framework normalizes on its devices, so the pipelines end at the uint8 gray crop),
-     once from the prepared copy and once from the PNGs;
+     once from the prepared copy and once from the PNGs (decoded and shrunk to the prepared size as ``PREPARED=False``
+     does, so both give the same pixels). A pass lists the images over again up to ``--pass-images``: what a pipeline
+     spends once per pass (TensorFlow starts its iterator's threads and buffers in about 20 ms) then weighs per image
+     about as little as in an epoch of the real data set;
 and, with every core, ``prepare.ensure`` building a fresh prepared copy.
 
 A rate per core is images per CPU-second of this process, all its threads together: a pipeline that spreads over
@@ -126,12 +131,12 @@ PIPELINES = {
 
 def time_pipeline(name: str, spec: dict) -> dict[str, float]:
     """In ``name``'s environment: its rates per core from the prepared copy and from the PNGs that ``spec`` names."""
-    paths, labels = spec["paths"], np.zeros((len(spec["paths"]), params.NUM_CLASSES), np.float32)
-    patients = np.arange(len(paths))
-    prepared = prepare.find(spec["prepared_from"], paths * spec["copies"], spec["size"])
+    prepared = prepare.find(spec["prepared_from"], spec["paths"] * spec["copies"], spec["size"])
+    paths = spec["paths"] * math.ceil(spec["pass_images"] / len(spec["paths"]))
+    labels, patients = np.zeros((len(paths), params.NUM_CLASSES), np.float32), np.arange(len(paths))
     splits = {
         "prepared": chestxray.Split(paths, labels, patients, prepared, prepared.rows(paths)),
-        "png": chestxray.Split(paths, labels, patients),
+        "png": chestxray.Split(paths, labels, patients, size=spec["size"]),
     }
     _, pipeline = PIPELINES[name]
     return {
@@ -167,6 +172,18 @@ def pil_decode_pass(paths):
     return one_pass
 
 
+def shrink_pass(paths, size: int):
+    """The decode and the prepare step's shrink: what ``PREPARED=False`` does to each PNG before any crop."""
+    from common.data.image_io import open_gray
+
+    def one_pass():
+        for path in paths:
+            prepare.shrink(open_gray(path), size)
+        return len(paths)
+
+    return one_pass
+
+
 def timed_prepare(paths: list[str], size: int, folder) -> tuple[prepare.Prepared, dict]:
     """A fresh prepared copy in ``folder`` made with every core; returns it and what it took: ``images``, ``rate`` (per
     second of wall time) and ``cpu_rate`` (per CPU-second of its processes, their start-up included).
@@ -194,12 +211,14 @@ def _children_cpu() -> float:
     return times.children_user + times.children_system
 
 
-def table(rates: dict, args, decode: float, prepared_size: int, made: dict) -> str:
+def table(rates: dict, args, decode: float, shrunk: float, prepared_size: int, made: dict) -> str:
     torch_prepared = (rates["PyTorch"] or {}).get("prepared")
     rows = [
         f"{args.images} PNGs of {args.size} px, prepared at {prepared_size} px, cropped to {args.crop} px, batches of "
-        f"{args.batch}; images/s per core (CPU time), best of {args.repeats}",
-        f"PIL decode bound: {decode:,.0f} images/s",
+        f"{args.batch}, {math.ceil(args.pass_images / args.images) * args.images} images a pass; images/s per core "
+        f"(CPU time), best of {args.repeats} passes",
+        f"PIL decode bound: {decode:,.0f} images/s; decoded and shrunk to {prepared_size} px (no crop yet): "
+        f"{shrunk:,.0f} = {shrunk / decode:.2f} x decode",
         "",
         f"{'pipeline':<17}{'prepared copy':>14}{'target':>9}{'PNGs':>8}{'PNGs / decode':>15}{'target':>8}",
     ]
@@ -230,6 +249,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--size", type=int, default=1024, help="side of the generated PNGs")
     parser.add_argument("--crop", type=int, default=224, help="IMAGE_SIZE after the random resized crop")
     parser.add_argument("--batch", type=int, default=16, help="images per batch of each framework's loader")
+    parser.add_argument("--pass-images", type=int, default=512, help="images per timed pass (the PNGs listed again)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--root", help="where the stand-in is generated (default: the stand-in cache)")
     parser.add_argument("--readme", help="also write the table into this README's bench-loader block")
@@ -245,17 +265,18 @@ def main(argv=None) -> dict:
     paths = sorted(str(path) for path in (folder / "images").glob("*.png"))
     decode = per_core_rate(pil_decode_pass(paths), args.repeats)
     size = params.prepared_size(args.crop)
+    shrunk = per_core_rate(shrink_pass(paths, size), args.repeats)
     with tempfile.TemporaryDirectory() as scratch:
         _, made = timed_prepare(paths, size, scratch)
         spec = {"paths": paths, "prepared_from": scratch, "copies": made["copies"], "size": size, "crop": args.crop,
-                "batch": args.batch, "repeats": args.repeats}  # fmt: skip
+                "batch": args.batch, "repeats": args.repeats, "pass_images": args.pass_images}  # fmt: skip
         rates = {name: in_environment(name, spec, Path(scratch)) for name in PIPELINES}
-    text = table(rates, args, decode, size, made)
+    text = table(rates, args, decode, shrunk, size, made)
     print(text)
     if args.readme:
         note = report.produced_by("bench-loader")
         report.replace_block(args.readme, README_START, README_END, f"{note}\n\n```\n{text}\n```")
-    return {"pil_decode": decode, "prepare": made, "pipelines": rates}
+    return {"pil_decode": decode, "decode_and_shrink": shrunk, "prepare": made, "pipelines": rates}
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ class Run:
     """What the records of one notebook run share; :meth:`training` and :meth:`benchmark` make its two records.
 
     ``cfg`` are the filled parameters (:func:`common.run.params.fill`): the image size, the batch per device, the
-    prepared size (None: the PNGs were decoded) and the precision, unless ``precision`` says what ran instead;
+    prepared size (None: PNGs decoded each epoch) and the precision, unless ``precision`` says what ran instead;
     ``devices`` follows ``FIELDS["devices"]``; ``learning_rate`` is the scaled peak rate; ``packages`` are the
     distributions whose versions are recorded; ``extra`` are the framework's own fields (a strategy, a kvstore, ...), in
     both records."""
@@ -141,7 +141,7 @@ class Run:
                 global_batch=global_batch,
                 batch_size_per_device=cfg["BATCH_SIZE_PER_DEVICE"],
                 image_size=cfg["IMAGE_SIZE"],
-                prepared_size=cfg["PREPARED_SIZE"],
+                prepared_size=cfg["PREPARED_SIZE"] if cfg.get("PREPARED", True) else None,
                 learning_rate=learning_rate,
                 versions=versions(*packages),
             ),

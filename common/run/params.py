@@ -158,8 +158,10 @@ def fill(hardware, **given) -> dict:
             f"so set IMAGE_SIZE to {MIN_IMAGE_SIZE} or more."
         )
     resolved["PRECISION"] = precision
-    # PREPARED (True unless given): train from the prepared copy of the data set at this size; False decodes the PNGs
-    resolved["PREPARED_SIZE"] = prepared_size(resolved["IMAGE_SIZE"]) if given.get("PREPARED", True) else None
+    # PREPARED (True unless given): train from the copy of the data set prepared once at PREPARED_SIZE; False decodes
+    # and shrinks the PNGs to that size every epoch (common.data.chestxray.load)
+    resolved["PREPARED"] = given.get("PREPARED", True) is not False
+    resolved["PREPARED_SIZE"] = prepared_size(resolved["IMAGE_SIZE"])
     filled = sorted(name for name, value in given.items() if value is None and base.get(name) is not None)
     if filled:
         note = " (a CPU demo: small images, a subset of the data)" if device_kind == "cpu" else ""

@@ -47,7 +47,8 @@ class Config:
     precision: str
     seed: int
     loader_workers: int  # decode processes per training process
-    prepared_size: int | None = None  # the prepared copy the notebook checked (common.data.prepare); None: the PNGs
+    prepared_size: int | None = None  # the side images are shrunk to (common.data.prepare); None: as decoded
+    prepared: bool = True  # read from the copy prepared at that size, which the notebook checked; False: the PNGs
     pretrained: bool = False
     batch_norm_batches: int = params.BATCH_NORM_BATCHES
     checkpoint_dir: str | None = None
@@ -131,6 +132,7 @@ def launch_config(
             seed=seed,
             loader_workers=devices.loader_workers(hardware.kind, hardware.count, processes),
             prepared_size=cfg.get("PREPARED_SIZE"),
+            prepared=cfg.get("PREPARED", True),
             pretrained=pretrained,
             batch_norm_batches=params.BATCH_NORM_BATCHES,
             checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),

@@ -369,39 +369,9 @@ def replica_loss(labels: tf.Tensor, logits: tf.Tensor, global_batch: int) -> tf.
     return tf.nn.compute_average_loss(per_image, global_batch_size=global_batch)
 
 
-def _decode(path: tf.Tensor) -> tf.Tensor:
-    """The PNG at ``path`` as uint8 gray (height, width, 1): the pixels of :func:`common.data.image_io.read_gray`.
-
-    Decoding at 16 bits gives 8-bit values as x * 257, so the high byte is an 8-bit source's own value and a 16-bit
-    source's rule (``value >> 8``). ``decode_png(channels=1)`` rounds color to gray differently from Pillow (off by 1
-    in about half the pixels), so color is weighted here, in integers, as Pillow weights it.
-    """
-    contents = tf.io.read_file(path)
-
-    def high_bytes(channels: int) -> tf.Tensor:
-        return tf.bitwise.right_shift(tf.io.decode_png(contents, channels=channels, dtype=tf.uint16), 8)
-
-    def luma() -> tf.Tensor:
-        r, g, b = tf.unstack(tf.cast(high_bytes(3), tf.int32), axis=-1)
-        return tf.cast(tf.bitwise.right_shift(r * 19595 + g * 38470 + b * 7471 + 32768, 16), tf.uint8)[..., None]
-
-    # Gray PNGs (color type 0 or 4 in the header) weigh (v, v, v) to v: unweighted, they decode about 4x faster,
-    # and an 8-bit one (bit depth 8 or less) needs no 16-bit round trip at all: 6.9 ms against 8.8 ms at 1024 px.
-    header = tf.io.decode_raw(tf.strings.substr(contents, 24, 2), tf.uint8)
-    depth, color_type = header[0], header[1]
-    gray = tf.bitwise.bitwise_and(color_type, 2) == 0
-    return tf.cond(
-        gray,
-        lambda: tf.cond(
-            depth <= 8, lambda: tf.io.decode_png(contents, channels=1), lambda: tf.cast(high_bytes(1), tf.uint8)
-        ),
-        luma,
-    )
-
-
 def _resize(image: tf.Tensor, size) -> tf.Tensor:
-    """Bilinear resize, antialiased when it shrinks by more than 1.5: from a full-size PNG it must be, and from the
-    prepared copy (at most 8/7) antialiasing changes next to nothing and costs TensorFlow half its pipeline's time.
+    """Bilinear resize, antialiased when it shrinks by more than 1.5: from a full-size image it must be, and from the
+    prepared size (at most 8/7) antialiasing changes next to nothing and costs TensorFlow half its pipeline's time.
 
     ``tf.image.resize`` computes in float32; the result is rounded back to uint8, as torchvision and Pillow resize
     uint8 images in the other frameworks, and so that a batch crosses to the devices at 1 byte per pixel."""
@@ -446,17 +416,16 @@ def eval_transform(image: tf.Tensor, image_size: int) -> tf.Tensor:
     return tf.image.resize_with_crop_or_pad(image, image_size, image_size)
 
 
-def _images(split) -> tuple[list | np.ndarray, callable]:
-    """What each image of ``split`` is keyed by, and the graph function that reads it as uint8 (height, width, 1):
-    its PNG's path, decoded in the graph, or its position, read from the prepared copy (memory-mapped rows that
-    numpy reads without holding the devices up; tf.data runs several reads at once)."""
-    if split.prepared is None:
-        return list(split.paths), _decode
-    size = split.prepared.size
+def _images(split) -> tuple[np.ndarray, callable]:
+    """What each image of ``split`` is keyed by (its position), and the graph function that reads it as uint8 (height,
+    width, 1) through the split's own :meth:`~common.data.chestxray.Split.pixels`: a memory-mapped row of the prepared
+    copy, or its PNG decoded and shrunk by the rule every framework shares. numpy and Pillow release the GIL while they
+    read and decode, so tf.data's parallel map runs several at once."""
+    shape = [split.size, split.size] if split.size else [None, None]
 
     def read(position: tf.Tensor) -> tf.Tensor:
         pixels = tf.numpy_function(lambda p: split.pixels(int(p)), [position], tf.uint8, stateful=False)
-        return tf.ensure_shape(pixels, [size, size])[..., None]
+        return tf.ensure_shape(pixels, shape)[..., None]
 
     return np.arange(len(split)), read
 

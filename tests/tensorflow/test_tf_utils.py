@@ -28,11 +28,10 @@ from common.tensorflow import utils as tfu
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_tensorflows_decoder_gives_the_shared_pixels_for_every_png_mode(tmp_path, mode):
-    """tf.io.decode_png scales 16-bit images where the shared rule keeps the high byte: the pipeline follows the
-    rule."""
+def test_the_pipeline_reads_every_png_mode_as_the_shared_pixels(tmp_path, mode):
     path, expected = write(tmp_path, mode)
-    image = tfu._decode(tf.constant(path)).numpy()
+    keys, read = tfu._images(chestxray.Split([path], np.zeros((1, 14)), np.zeros(1)))
+    image = read(tf.constant(keys[0])).numpy()
     assert image.dtype == np.uint8 and image.shape == (HEIGHT, WIDTH, 1)
     np.testing.assert_array_equal(image[..., 0], expected)
 
