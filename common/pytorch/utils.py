@@ -210,6 +210,19 @@ def trainable_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def transfer_bytes(model: nn.Module, image_size: int) -> dict[str, int]:
+    """The sizes data parallelism moves between devices, in bytes: ``weights`` (parameters and buffers, which
+    DataParallel copies to every replica each step), ``gradients`` (one per trainable parameter), one ``image`` as the
+    model takes it (three float32 channels) and its ``output`` (the 14 float32 logits)."""
+    float32 = torch.finfo(torch.float32).bits // 8
+    return {
+        "weights": sum(t.numel() * t.element_size() for t in model.state_dict().values()),
+        "gradients": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+        "image": 3 * image_size**2 * float32,
+        "output": NUM_CLASSES * float32,
+    }
+
+
 def autocast(precision: str, device: torch.device):
     """bf16 autocast for ``"mixed"`` where the device supports it (fp16 on older GPUs), else nothing."""
     if precision != "mixed":

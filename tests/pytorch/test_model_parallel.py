@@ -188,6 +188,7 @@ def test_advice_quotes_this_runs_numbers():
         if m:
             found.update(
                 micro_batches=m,
+                seconds_per_step=32 / rate,
                 bubble={"micro_batches": m, "measured": measured, "textbook": parallel.textbook_bubble(2, m)},
             )
         return found
@@ -200,7 +201,7 @@ def test_advice_quotes_this_runs_numbers():
         "ddp": entry(70.0, {"cpu:0": 7}),
     }
     sweep = pd.DataFrame({"learning rate": [1e-3, 2e-3], "test AUC": [0.8, 0.85], "seconds": [10.0, 11.0]})
-    lines = parallel.advice(benchmark, [2, 5], [0.6, 0.4], sweep, "cpu")
+    lines = parallel.advice(benchmark, [2, 5], {"forward": [0.2, 0.1], "backward": [0.4, 0.3]}, sweep, "cpu")
     text = "\n".join(lines)
     assert "DDP 70.0 images/s (1.75x one device)" in text and "choose DDP" in text
     assert "m=1: 30% / 60% (textbook 50%); m=4: 20% / 40% (textbook 20%)" in text
@@ -208,6 +209,8 @@ def test_advice_quotes_this_runs_numbers():
     assert "shrank the stages' mean bubble (45% at m=1, 30% at m=4)" in text and "fastest pipeline here had m=4" in text
     assert "splits the 7 parameters 2 on cpu:0 and 5 on cpu:1 (71% on the fuller device" in text
     assert "best at learning rate 0.002" in text
+    assert "stage 0 holds 29% of the parameters but took 60% of the forward and backward time" in text
+    assert parallel.pipeline_step_seconds(benchmark) == {1: 32 / 39.0, 4: 32 / 50.0}
     assert "Only GPUs measure: peak_memory_mib_per_device" in text and "activation_copy_seconds" in text
 
 
@@ -316,6 +319,7 @@ def test_timing_the_stages_in_the_kernel_leaves_the_device_and_releases_its_memo
     monkeypatch.setattr(tu, "release_memory", lambda: released.append(True))
     stages = parallel.split_densenet(tu.build_densenet121())
     seconds = parallel.stage_seconds(stages, 2, 32, "fp32", torch.device("cpu"), repeats=1)
-    assert len(seconds) == parallel.STAGES and all(s > 0 for s in seconds)
+    for part in ("forward", "backward"):
+        assert len(seconds[part]) == parallel.STAGES and all(s > 0 for s in seconds[part]), part
     assert released, "the allocator's cache goes back to the driver"
     assert all(p.device.type == "cpu" and p.grad is None for stage in stages for p in stage.parameters())

@@ -33,8 +33,12 @@ def test_gpus_this_torch_cannot_use_stop_the_notebook_before_training(monkeypatc
     assert tu.resolve_devices(None) is gpus
 
 
-def test_densenet121_has_the_shared_parameter_count():
-    assert tu.trainable_parameters(tu.build_densenet121()) == 6_968_206
+def test_densenet121_has_the_shared_parameter_count_and_the_sizes_data_parallelism_moves():
+    model = tu.build_densenet121()
+    assert tu.trainable_parameters(model) == 6_968_206
+    sizes = tu.transfer_bytes(model, 224)
+    assert sizes["gradients"] == 4 * 6_968_206 < sizes["weights"], "the weights add BatchNorm's running statistics"
+    assert sizes["image"] == 3 * 224 * 224 * 4 and sizes["output"] == 14 * 4
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -37,6 +37,7 @@ from common.pytorch.model_parallel.report import (
     device_names,
     extra_fields,
     not_measured,
+    pipeline_step_seconds,
 )
 from common.pytorch.model_parallel.split import (
     SPLIT_AT,
@@ -93,6 +94,7 @@ __all__ = [
     "not_measured",
     "paired_times",
     "parameters_per_stage",
+    "pipeline_step_seconds",
     "random_batch",
     "seconds_per_step",
     "single_process",

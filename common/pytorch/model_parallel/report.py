@@ -73,8 +73,14 @@ def bubble_table(benchmark: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("micro-batches").reset_index(drop=True)
 
 
-def advice(benchmark: dict, stage_parameters, stage_seconds, sweep: pd.DataFrame, kind: str) -> list[str]:
-    """'When to choose which', from this run's numbers: speed, parameter split, bubble, balance, sweep, GPU-only."""
+def pipeline_step_seconds(benchmark: dict[str, dict]) -> dict[int, float]:
+    """Seconds of a measured GPipe step, by its number of micro-batches."""
+    return {e["bubble"]["micro_batches"]: e["seconds_per_step"] for e in benchmark.values() if "bubble" in e}
+
+
+def advice(benchmark: dict, stage_parameters, stage_times: dict, sweep: pd.DataFrame, kind: str) -> list[str]:
+    """'When to choose which', from this run's numbers: speed, parameter split, bubble, balance, sweep, GPU-only.
+    ``stage_times``: :func:`common.pytorch.model_parallel.timing.stage_seconds`."""
     rate = {variant: entry["images_per_second"] for variant, entry in benchmark.items()}
     single, ddp, naive = rate["single-device"], rate["ddp"], rate["naive-model-parallel"]
     pipelines = {
@@ -128,9 +134,10 @@ def advice(benchmark: dict, stage_parameters, stage_seconds, sweep: pd.DataFrame
         f"send and a receive, so the fastest pipeline here had m={best_m}. Choose a pipeline when the model does not "
         f"fit on one device, with several micro-batches per stage, as long as each still keeps a device busy."
     )
+    work = [f + b for f, b in zip(stage_times["forward"], stage_times["backward"])]
     lines.append(
         f"Balance the cut by time, not by parameters: stage 0 holds {stage_parameters[0] / total:.0%} of the "
-        f"parameters but took {stage_seconds[0] / sum(stage_seconds):.0%} of the forward and backward time."
+        f"parameters but took {work[0] / sum(work):.0%} of the forward and backward time."
     )
     top = sweep.loc[sweep["test AUC"].idxmax()]
     lines.append(

@@ -117,26 +117,50 @@ def stage_input(stages, index: int, images: torch.Tensor) -> torch.Tensor:
 
 def stage_seconds(
     stages, batch: int, image_size: int, precision: str, device: torch.device, seed: int = 0, repeats: int = 2
-) -> list[float]:
-    """Forward and backward seconds of each stage on a random batch of ``batch`` images, on ``device``.
+) -> dict[str, list[float]]:
+    """Forward and backward seconds of each stage on a random batch of ``batch`` images, on ``device``:
+    ``{"forward": [...], "backward": [...]}``, one value per stage, each the mean of ``repeats`` timed passes after an
+    untimed one. The last stage's forward includes the loss.
 
     Parameters say how much memory a stage needs; these times say how much work: the pipeline runs at the
-    pace of the slower stage. It runs in the notebook's kernel, so the batch and the stages leave the device
-    afterwards and the memory is released: the launches that follow need it.
+    pace of the slower stage, and the notebook draws its GPipe schedule from them (:mod:`common.teach.pictures`). It
+    runs in the notebook's kernel, so the batch and the stages leave the device afterwards and the memory is released:
+    the launches that follow need it.
     """
     images, labels = random_batch(batch, image_size, seed, device)
-    seconds = []
+    seconds = {"forward": [], "backward": []}
     for index, stage in enumerate(stages):
         x = stage_input(stages, index, images)
         stage.to(images.device)
-        step = stage_alone_step(stage, index, x, labels, 1, precision)
-        seconds.append(seconds_per_step(step, repeats, [images.device], together=False, warmup=1))
+        timed = [_forward_backward(stage, index, x, labels, precision) for _ in range(1 + repeats)][1:]
+        for part, values in zip(("forward", "backward"), zip(*timed)):
+            seconds[part].append(float(np.mean(values)))
         stage.zero_grad(set_to_none=True)
-        del x, step
+        del x
         stage.to("cpu")
     del images, labels
     tu.release_memory()
     return seconds
+
+
+def _forward_backward(stage: nn.Module, index: int, inputs, labels, precision: str) -> tuple[float, float]:
+    """Seconds of one forward of stage ``index`` and of the backward after it, as :func:`stage_alone_step` runs them."""
+    device = inputs.device
+    x = inputs.detach().requires_grad_(index > 0)
+    tu.synchronize([device])
+    start = time.perf_counter()
+    with tu.autocast(precision, device):
+        out = stage(x)
+    last = index == STAGES - 1
+    loss = bce_loss(out, labels) if last else None
+    tu.synchronize([device])
+    middle = time.perf_counter()
+    if last:
+        loss.backward()
+    else:
+        out.backward(torch.full_like(out, 1e-3))
+    tu.synchronize([device])
+    return middle - start, time.perf_counter() - middle
 
 
 def textbook_bubble(stages: int, micro_batches: int) -> float:
