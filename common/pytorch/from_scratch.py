@@ -91,11 +91,6 @@ def ddp_buckets(ddp_model) -> dict:
     return {"bucket_bytes": sizes, "bucket_cap_bytes": int(found.get("bucket_cap_bytes", 0))}
 
 
-def gradient_bytes(model: nn.Module) -> int:
-    """The bytes every process all-reduces each step: one gradient per parameter."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-
-
 def check_parameters(**given) -> str:
     """Refuse what this notebook cannot do, naming the fix; return the exercises' parameters that ``given`` changes
     from their defaults, as ``"NAME='value'"`` (``""`` when none)."""

@@ -121,11 +121,6 @@ def sweep_batches(make_step, batches, device, steps: int, technique: str) -> lis
 # ---------------------------------------------------------------- communication and cost
 
 
-def gradient_bytes(model: nn.Module) -> int:
-    """What one step all-reduces: every trainable parameter's gradient in fp32."""
-    return 4 * sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
-
-
 def all_reduce_seconds(elements: int, device, repeats: int) -> float:
     """Seconds of one all-reduce (sum) of ``elements`` fp32 numbers over the process group, the median of
     ``repeats`` after a warm-up."""

@@ -210,6 +210,11 @@ def trainable_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def gradient_bytes(model: nn.Module) -> int:
+    """What one data-parallel step all-reduces: one gradient per trainable parameter, in the parameter's dtype."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 def transfer_bytes(model: nn.Module, image_size: int) -> dict[str, int]:
     """The sizes data parallelism moves between devices, in bytes: ``weights`` (parameters and buffers, which
     DataParallel copies to every replica each step), ``gradients`` (one per trainable parameter), one ``image`` as the
@@ -217,7 +222,7 @@ def transfer_bytes(model: nn.Module, image_size: int) -> dict[str, int]:
     float32 = torch.finfo(torch.float32).bits // 8
     return {
         "weights": sum(t.numel() * t.element_size() for t in model.state_dict().values()),
-        "gradients": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+        "gradients": gradient_bytes(model),
         "image": 3 * image_size**2 * float32,
         "output": NUM_CLASSES * float32,
     }
