@@ -159,6 +159,9 @@ this guide.
 Run `{opener}` with `DEVICES=2`. Two processes train a small network; after each backward
 pass they average their gradients with `dist.all_reduce`, a dozen lines on the page. What participants should observe:
 
+- **What one all-reduce moves**, drawn under **Model**: the gradient goes round a ring of four devices in chunks. Ask
+  how the bytes each device sends change from 4 devices to 8 (hardly: 2(N-1)/N of the gradient) and what does grow
+  (the number of steps, each paying the link's latency).
 - **One step, four ways**: the hand-written step equals one process stepping on the whole batch and DDP's step, to
   rounding; local BatchNorm does not (each process normalizes its own share), global BatchNorm does.
 - The test AUC: {f.value(opener, 2, "test_auc", ".3f")}, the copies in step ("largest difference ... from rank 0's: 0").
@@ -196,6 +199,9 @@ in its benchmark table (images/s of the same step on one batch in memory):
   {in_ram["naive-model-parallel"]}; DDP on the same two devices: {in_ram["ddp"]}.
 - the GPipe pipeline at each number of micro-batches m: {", ".join(f"m={m}: {rate}" for m, rate in pipelines) or "–"}.
   More micro-batches shrink the bubble, (p-1)/(m+p-1), until each micro-batch is too small to keep a device busy.
+- the GPipe schedule drawn from the stages' measured forward and backward times, one panel per m: the blank is the
+  bubble, and the lighter stage idles however many micro-batches there are. Ask why the measured step is longer than
+  the drawn one at large m (the sends, and small micro-batches that use a device less well).
 - Discussion: compare DDP's figure with the pipeline's. Model parallelism is for a model that does not fit one device;
   on two devices that each hold the whole model, which way used them better here?
 
