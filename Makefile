@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # The framework environments to build, test, run and open (the tools environment always comes along): by default
 # those already installed, or all of them on a fresh machine. make setup FRAMEWORKS="pytorch" on a workshop laptop that
 # runs the PyTorch notebooks only; from then on make run, lab and test work with that one.
-ALL_FRAMEWORKS := pytorch tensorflow mxnet-chainer
+ALL_FRAMEWORKS := pytorch tensorflow mxnet-chainer jax
 INSTALLED := $(strip $(foreach env,$(ALL_FRAMEWORKS),$(if $(wildcard .venvs/$(env)/.installed),$(env))))
 FRAMEWORKS ?= $(or $(INSTALLED),$(ALL_FRAMEWORKS))
 # GPU=1 forces the CUDA builds, GPU=0 the CPU ones; by default nvidia-smi decides. DRIVER=535.104.05 plans for that

@@ -44,9 +44,9 @@ FRAMEWORKS = tuple(FRAMEWORK_ENVIRONMENTS)
 ENVIRONMENTS = (TOOLS, *FRAMEWORKS)
 
 # The CUDA builds each environment has, newest first.
-GPU_BUILDS = {"tools": (), "pytorch": (13, 12), "tensorflow": (12,), "mxnet-chainer": (11,)}
+GPU_BUILDS = {"tools": (), "pytorch": (13, 12), "tensorflow": (12,), "mxnet-chainer": (11,), "jax": (13,)}
 # PyPI's torch is the CUDA 13 build, for CPUs as well (PyPI has no CPU-only torch for Linux x86_64).
-CPU_BUILD = {"tools": "cpu", "pytorch": "cuda13", "tensorflow": "cpu", "mxnet-chainer": "cpu"}
+CPU_BUILD = {"tools": "cpu", "pytorch": "cuda13", "tensorflow": "cpu", "mxnet-chainer": "cpu", "jax": "cpu"}
 # Where the CUDA 12 builds of torch and torchvision come from (PyPI has only the CUDA 13 ones); the tag of the
 # index's name (cu126) is the local version of the wheels it serves (torch==2.14.1+cu126).
 TORCH_CUDA12_INDEX = os.environ.get("TORCH_CUDA12_INDEX", "https://download.pytorch.org/whl/cu126")

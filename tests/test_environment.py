@@ -34,7 +34,7 @@ def pins(path: Path) -> dict[str, str]:
         if line.startswith("-r "):
             found.update(pins(path.parent / line[3:]))
             continue
-        match = PIN.fullmatch(re.sub(r"\[[a-z\-,]+\]", "", line.lower()))
+        match = PIN.fullmatch(re.sub(r"\[[a-z0-9\-,]+\]", "", line.lower()))
         assert match, f"{path.relative_to(ROOT)}: {line!r} is not pinned with =="
         found[install.canonical(match.group(1))] = match.group(2)
     return found
@@ -195,8 +195,20 @@ FRAMEWORK_PACKAGES = {
     "tensorflow": "tensorflow",
     "mxnet": "mxnet-chainer",
     "chainer": "mxnet-chainer",
+    "jax": "jax",
 }
-FRAMEWORK_MODULES = ("torch", "torchvision", "tensorflow", "keras", "mxnet", "chainer", "chainermn", "cupy")
+FRAMEWORK_MODULES = (
+    "torch",
+    "torchvision",
+    "tensorflow",
+    "keras",
+    "mxnet",
+    "chainer",
+    "chainermn",
+    "cupy",
+    "jax",
+    "flax",
+)
 
 
 def test_common_is_folders_by_job_and_by_framework():

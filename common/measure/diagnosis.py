@@ -207,6 +207,7 @@ FRAMEWORK_EXCHANGE = {
     "tensorflow": "; and MirroredStrategy's NCCL all-reduce rather than central_storage.",
     "keras": "; and MirroredStrategy's NCCL all-reduce rather than central_storage.",
     "chainer": "; and the pure_nccl communicator.",
+    "jax": "; and PARALLELISM='data', whose one all-reduce moves less than fsdp's gathers and scatters.",
 }
 
 
@@ -220,6 +221,7 @@ FIRST_STEPS = {
     "keras": ("tracing the step into a graph and autotuning its kernels",) * 2,
     "mxnet": ("building the hybridized graph and its memory",) * 2,
     "chainer": ("compiling CuPy's kernels and allocating the step's memory", "allocating the step's memory"),
+    "jax": ("compiling the step with XLA (a rerun of the same shapes loads it from the cache)",) * 2,
 }
 # Notebooks that train in fp32 only (their parameter cells say why): no mixed precision to advise.
 FP32_ONLY = ("DataParallel_From_Scratch", "PyTorch_Sharded")
@@ -281,6 +283,7 @@ STEP_TOOLS = {
     "keras": ("XLA, jit_compile=True", "Keras_Speedups"),
     "mxnet": ("hybridize(static_shape=True)", None),
     "chainer": (None, None),
+    "jax": ("XLA: every step is compiled already", None),
 }
 
 

@@ -75,6 +75,7 @@ ENVIRONMENTS = {
             ("mxnet", "chainer", "chainermn"),
             ("Gluon_MultiGPU", "Chainer_MultiGPU"),
         ),
+        Environment("jax", "JAX and Flax", ("jax", "flax", "optax"), ("JAX_MultiGPU",)),
     )
 }
 

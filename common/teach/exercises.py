@@ -38,6 +38,7 @@ PARAMETERS = {
     "SET_EPOCH": "set_epoch",
     "BATCH_NORM": "batch_norm",
     "MLP_WIDTH": "mlp_width",
+    "PARALLELISM": "parallelism",
 }
 # What a run was asked to do: two runs compare when all of these agree but the one the exercise changes.
 SETTINGS = (
@@ -58,6 +59,7 @@ SETTINGS = (
     "set_epoch",
     "batch_norm",
     "mlp_width",
+    "parallelism",
 )
 # The table's column of a record field, left out when that field is the table's index.
 COLUMNS = {"devices": "devices", "global_batch": "global batch", "learning_rate": "learning rate"}

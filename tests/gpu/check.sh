@@ -40,7 +40,7 @@ else
         export PATH="$scratch/site/bin:$PATH" PYTHONPATH="$scratch/site"
     fi
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-    for environment_module in pytorch:torch tensorflow:tensorflow mxnet-chainer:mxnet; do
+    for environment_module in pytorch:torch tensorflow:tensorflow mxnet-chainer:mxnet jax:jax; do
         if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('${environment_module#*:}') is None)"
         then
             "$PY" -m common.run.kernel --environment "${environment_module%%:*}" --prefix "$scratch/jupyter" >/dev/null
@@ -54,7 +54,7 @@ echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])') ($PY)"
 # the notebooks whose environment's kernel is here (the others are named by common.run), but Gluon on Hopper and newer
 capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | sort -n | head -1)
 notebooks=(PyTorch_MultiGPU PyTorch_MultiGPU-Exp-Loss PyTorch_ModelParallel DataParallel_From_Scratch PyTorch_Sharded
-    Tensorflow_MultiGPU Keras_TF_MultiGPU Chainer_MultiGPU)
+    JAX_MultiGPU Tensorflow_MultiGPU Keras_TF_MultiGPU Chainer_MultiGPU)
 if [ "${capability%%.*}" -ge 9 ]; then
     echo "Gluon_MultiGPU: skipped, MXNet has no kernels for compute capability $capability (its wheels stop at sm_86)"
 else

@@ -1,0 +1,1 @@
+"""JAX pieces of the JAX notebook: imported only there (``import common`` does not import JAX)."""
