@@ -1,10 +1,11 @@
 """Which tests run where, and the shared fixtures: small generated stand-in data sets, made once per session.
 
 ``make test`` runs pytest once in each environment (``.venvs/<name>``). A framework's folder (``tests/pytorch``,
-``tests/tensorflow``, ``tests/mxnet_chainer``) is collected where that framework imports; the tests in ``tests/``
-itself (framework-neutral units, and the notebooks through their kernels) where the tools are (papermill). A test
-that needs an environment's kernel or Python says so with ``@pytest.mark.environments("pytorch", ...)`` and is
-deselected, not skipped, when ``FRAMEWORKS`` (as in ``make test FRAMEWORKS="pytorch"``) leaves that environment out.
+``tests/tensorflow``, ``tests/mxnet_chainer``, ``tests/jax_flax``) is collected where that framework imports; the tests
+in ``tests/`` itself (framework-neutral units, and the notebooks through their kernels) where the tools are
+(papermill). A test that needs an environment's kernel or Python says so with
+``@pytest.mark.environments("pytorch", ...)`` and is deselected, not skipped, when ``FRAMEWORKS`` (as in
+``make test FRAMEWORKS="pytorch"``) leaves that environment out.
 """
 
 import importlib.util
@@ -18,7 +19,10 @@ from common.data import synthetic
 from common.run.environments import ENVIRONMENTS
 
 TESTS = Path(__file__).resolve().parent
-FOLDERS = {TESTS / name.replace("-", "_"): env for name, env in ENVIRONMENTS.items()}
+# tests/ is on sys.path, so a folder named like a module that a framework tries to import would stand in for it where
+# it is not installed: Keras tries `import jax`, and would find a folder tests/jax
+FOLDER_NAMES = {"jax": "jax_flax"}
+FOLDERS = {TESTS / FOLDER_NAMES.get(name, name.replace("-", "_")): env for name, env in ENVIRONMENTS.items()}
 
 
 def importable(module: str) -> bool:

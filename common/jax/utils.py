@@ -26,8 +26,6 @@ from common.run import checkpoints, params
 from common.run import devices as common_devices
 from common.run.params import NUM_CLASSES
 
-# Compiled steps are kept here between runs: XLA compiles DenseNet-121's training step in tens of seconds on a CPU,
-# and a rerun with the same shapes (the exercises, a resumed run) loads it instead
 PARALLELISMS = ("data", "fsdp")
 # Two ways to compute the same float32 step (one partitioned by XLA, one written per device) agree to rounding, as a
 # share of the largest gradient: their sums run in other orders, and 121 BatchNorms over a few images amplify the
@@ -35,6 +33,8 @@ PARALLELISMS = ("data", "fsdp")
 # by a large share of the gradient itself.
 ROUNDING = 1e-2
 ADAM_B1 = 0.9  # optax.adam's default decay of the first moment
+# Compiled steps are kept here between runs: XLA compiles DenseNet-121's training step in tens of seconds on a CPU,
+# and a rerun with the same shapes (the exercises, a resumed run) loads it instead
 COMPILATION_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "multigpu-jax"
 
 
@@ -86,10 +86,6 @@ def batches(split, image_size: int, batch_size: int, training: bool, seed: int, 
     return dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * batch_size))
 
 
-def steps_per_epoch(split, global_batch: int) -> int:
-    return len(split) // global_batch  # the last partial batch is dropped: every step has the global batch
-
-
 def padded(array: np.ndarray, rows: int) -> np.ndarray:
     """``array`` with its first axis padded to ``rows`` by repeating its last row: every evaluation batch gets the
     full batch's shape, so the step compiled for it serves the last, partial batch too; the padding's outputs are
@@ -136,10 +132,10 @@ def recompute_batch_norm_statistics(model: nnx.Module, data, batches_used: int, 
     nnx.update(model, jax.tree.map(lambda *each: sum(each) / len(each), *found))
 
 
-def weights_fingerprint(model: nnx.Module) -> str:
-    """A digest of every parameter and statistic: equal on every device, and across runs that trained alike."""
+def weights_fingerprint(state) -> str:
+    """A digest of every array of ``state`` (an ``nnx.state``): equal across runs that trained alike."""
     digest = hashlib.sha256()
-    for leaf in jax.tree.leaves(nnx.state(model)):
+    for leaf in jax.tree.leaves(state):
         digest.update(np.asarray(leaf).tobytes())
     return digest.hexdigest()[:16]
 

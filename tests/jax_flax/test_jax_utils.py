@@ -175,6 +175,14 @@ def test_the_step_difference_reads_the_gradients_off_adams_moments():
     assert ju.step_difference(before, stepped(0.5), stepped(0.4))["gradients"] == pytest.approx(0.2)
 
 
+def test_the_fingerprint_tells_states_apart():
+    model, optimizer = model_and_optimizer()
+    state = jax.tree.map(lambda array: array.copy(), nnx.state((model, optimizer)))  # not a view of the model
+    assert ju.weights_fingerprint(state) == ju.weights_fingerprint(nnx.state((model, optimizer)))
+    optimizer.update(model, jax.tree.map(jnp.ones_like, nnx.state(model, nnx.Param)))
+    assert ju.weights_fingerprint(nnx.state((model, optimizer))) != ju.weights_fingerprint(state)
+
+
 def test_a_checkpoint_restores_the_state_where_it_was_placed(tmp_path):
     model, optimizer = model_and_optimizer()
     state = jax.device_put(nnx.state((model, optimizer)), WHOLE)
