@@ -1,11 +1,12 @@
-"""The JAX notebook, executed headless with papermill on 1 and 2 simulated CPU devices, data parallel and sharded."""
+"""The JAX notebook, executed headless with papermill on 1 and 2 simulated CPU devices.
 
-import concurrent.futures
+Its sharded mode (PARALLELISM="fsdp") is the same step with the state placed by ``common.jax.utils.fsdp_spec``:
+tests/jax_flax checks the bytes per device of DenseNet-121's state under that rule, and that a step with sharded
+state equals the replicated one, without a third notebook run's compiling."""
 
 import pytest
-from notebook_harness import ResumeContract, assert_stops_before_training, execute, records_by_devices
+from notebook_harness import ResumeContract, assert_stops_before_training
 
-from common.measure import results
 from common.run import protocol
 
 
@@ -16,18 +17,6 @@ class TestJaxNotebook(ResumeContract):
     PROGRESS = "epoch {epoch}/{epochs}"
     MULTI_MACHINE = None  # one process drives every device; jax.distributed across machines is not built yet
     SIDE_BY_SIDE = True  # XLA compiles on one thread: the two runs overlap their compiling
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def runs(cls, notebook_data, run_dir):
-        """The 1- and 2-device runs, and beside them a sharded one on 2 devices: the three spend most of their time
-        compiling, each on one thread."""
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            sharded = pool.submit(execute, cls.NOTEBOOK, notebook_data, run_dir / "fsdp", DEVICES=2,
-                                  PARALLELISM="fsdp", **cls.TINY)  # fmt: skip
-            found = records_by_devices(cls.NOTEBOOK, notebook_data, run_dir, True, cls.CHECKPOINTS, **cls.TINY)
-            sharded.result()
-        return found
 
     def test_records_name_the_parallelism_and_the_state_each_device_holds(self, runs):
         trained = [runs[devices]["generated"] for devices in (1, 2)]
@@ -40,19 +29,6 @@ class TestJaxNotebook(ResumeContract):
         # two devices, replicated: the two programs agree far closer than the notebook's bar (1e-7 of the largest
         # gradient, measured); a step without the all-reduce is off by a large share of it
         assert set(check) == {"gradients", "statistics", "loss"} and max(check.values()) < 1e-5, check
-
-    def test_sharded_state_is_split_across_the_devices_and_trains_alike(self, runs, run_dir):
-        sharded = {record["data"]: record for record in results.load_all(run_dir / "fsdp" / "results")}["generated"]
-        replicated = runs[2]["generated"]
-        # every array of the state has an axis that 2 divides: each device holds exactly half
-        assert sharded["state_mib_per_device"] == pytest.approx(replicated["state_mib_per_device"] / 2, abs=0.1)
-        assert sharded["parallelism"] == "fsdp"
-        # the same computation, its sums taken in another order
-        assert sharded["train_loss"] == pytest.approx(replicated["train_loss"], rel=0.02)
-        assert abs(sharded["test_auc"] - replicated["test_auc"]) < 0.02
-        # the gathers and reduce-scatters take the sums in yet another order: 1e-3 of the largest gradient, measured
-        check = protocol.read_glued(run_dir / "fsdp" / "executed-2.ipynb")["all_reduce_check"]
-        assert max(check.values()) < 1e-2, check
 
     def test_unknown_parallelism_stops_before_training(self, notebook_data, tmp_path):
         assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, {"PARALLELISM": "zero"}, "PARALLELISM")

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from common.data import image_transforms
 from common.errors import InputError
@@ -138,6 +139,17 @@ def weights_fingerprint(state) -> str:
     for leaf in jax.tree.leaves(state):
         digest.update(np.asarray(leaf).tobytes())
     return digest.hexdigest()[:16]
+
+
+def fsdp_spec(shape: tuple[int, ...], devices: int) -> P:
+    """Where fully sharded data parallelism puts an array of ``shape`` on a mesh axis "data" of ``devices``: its
+    largest axis that divides evenly, split across the devices; replicated (``P()``) if none does."""
+    spec = [None] * len(shape)
+    for axis in np.argsort(shape, kind="stable")[::-1]:
+        if shape[axis] % devices == 0:
+            spec[axis] = "data"
+            return P(*spec)
+    return P()
 
 
 def bytes_per_device(tree) -> dict[str, int]:

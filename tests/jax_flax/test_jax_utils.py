@@ -196,3 +196,71 @@ def test_a_checkpoint_restores_the_state_where_it_was_placed(tmp_path):
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(trained), strict=True):
         np.testing.assert_array_equal(a, b)
         assert a.sharding == b.sharding
+
+
+@pytest.mark.parametrize(
+    ("shape", "devices", "spec"),
+    [
+        ((3, 3, 128, 32), 2, P(None, None, "data", None)),  # a convolution's kernel: its input channels
+        ((1024, 14), 2, P("data", None)),
+        ((14,), 2, P("data")),
+        ((6, 4), 4, P(None, "data")),  # the largest axis does not divide: the next one
+        ((7,), 2, P()),  # nothing divides: replicated
+        ((), 2, P()),  # a step count
+    ],
+)
+def test_fsdp_splits_the_largest_axis_that_divides_evenly(shape, devices, spec):
+    assert ju.fsdp_spec(shape, devices) == spec
+
+
+def test_sharded_densenet_state_is_half_per_device_on_two():
+    """The notebook's PARALLELISM="fsdp" on 2 devices: every array of DenseNet-121 and Adam's state but the step counts
+    has an axis that 2 divides, so each device holds half of what a replicated copy holds."""
+    model = nnx.eval_shape(lambda: densenet.DenseNet121(nnx.Rngs(0)))  # shapes only
+    state = nnx.state((model, nnx.eval_shape(lambda: nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param))))
+    leaves = jax.tree.leaves(state)
+    replicated = sum(np.prod(leaf.shape) * leaf.dtype.itemsize for leaf in leaves)
+    sharded = sum(
+        np.prod(NamedSharding(MESH, ju.fsdp_spec(leaf.shape, 2)).shard_shape(leaf.shape)) * leaf.dtype.itemsize
+        for leaf in leaves
+    )
+    assert replicated / 2**20 == pytest.approx(80.1, abs=0.05)
+    assert replicated / sharded == pytest.approx(2, rel=1e-6)
+
+
+class Small(nnx.Module):
+    def __init__(self):
+        make = densenet.Layers(nnx.Rngs(0), jnp.float32, None)
+        self.conv, self.norm = make.conv(3, 8, 3), make.norm(8)
+        self.head = nnx.Linear(8, 14, rngs=nnx.Rngs(1))
+
+    def __call__(self, images):
+        x = nnx.relu(self.norm(self.conv(densenet.gray_to_imagenet(images))))
+        return self.head(x.mean(axis=(1, 2)))
+
+
+def test_a_step_with_sharded_state_equals_the_replicated_one():
+    """The notebook's train_step, jitted with the state replicated and with it sharded: the same step."""
+    model = Small()
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    graphdef, before = nnx.split((model, optimizer))
+    rng = np.random.default_rng(0)
+    images = jax.device_put(rng.integers(0, 256, (8, 16, 16), dtype=np.uint8), SLICES)
+    labels = jax.device_put(rng.integers(0, 2, (8, 14)).astype(np.float32), SLICES)
+
+    def step_with(sharding):
+        @partial(jax.jit, in_shardings=(sharding, SLICES, SLICES), out_shardings=sharding)
+        def train_step(state, images, labels):
+            model, optimizer = nnx.merge(graphdef, state)
+            grads = nnx.grad(lambda m: optax.sigmoid_binary_cross_entropy(m(images), labels).mean())(model)
+            optimizer.update(model, grads)
+            return nnx.state((model, optimizer))
+
+        return train_step(jax.device_put(before, sharding), images, labels)
+
+    whole = step_with(jax.tree.map(lambda _: WHOLE, before))
+    sharded_sharding = jax.tree.map(lambda leaf: NamedSharding(MESH, ju.fsdp_spec(leaf.shape, 2)), before)
+    sharded = step_with(sharded_sharding)
+    kernel = sharded[0]["conv"]["kernel"][...]
+    assert kernel.sharding.spec == P(None, None, None, "data")  # it stayed sharded: out_shardings
+    assert max(ju.step_difference(before, whole, sharded).values()) < 1e-5
