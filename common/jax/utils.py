@@ -7,7 +7,6 @@ many devices it simulates when it starts.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from common.data import image_transforms
 from common.errors import InputError
 from common.measure.phases import timed_steps
-from common.run import checkpoints, params
+from common.run import checkpoints, params, protocol
 from common.run import devices as common_devices
 from common.run.params import NUM_CLASSES
 
@@ -134,11 +133,10 @@ def recompute_batch_norm_statistics(model: nnx.Module, data, batches_used: int, 
 
 
 def weights_fingerprint(state) -> str:
-    """A digest of every array of ``state`` (an ``nnx.state``): equal across runs that trained alike."""
-    digest = hashlib.sha256()
-    for leaf in jax.tree.leaves(state):
-        digest.update(np.asarray(leaf).tobytes())
-    return digest.hexdigest()[:16]
+    """:func:`common.run.protocol.fingerprint` of every array of ``state`` (an ``nnx.state``: weights, BatchNorm
+    statistics, the optimizer's state), by path."""
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    return protocol.fingerprint((jax.tree_util.keystr(path), np.asarray(leaf)) for path, leaf in leaves)
 
 
 def fsdp_spec(shape: tuple[int, ...], devices: int) -> P:
