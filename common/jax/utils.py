@@ -219,9 +219,7 @@ def step_difference(before, state, other) -> dict[str, float]:
 
 
 def check_parallelism(name: str) -> str:
-    if name not in PARALLELISMS:
-        raise InputError(f"PARALLELISM must be one of {', '.join(map(repr, PARALLELISMS))}, got {name!r}.")
-    return name
+    return params.check_choice("PARALLELISM", name, PARALLELISMS)
 
 
 def check_pretrained(pretrained: bool) -> None:

@@ -261,6 +261,13 @@ def schedule_factor(step: int, steps: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(step - warmup, steps - warmup) / (steps - warmup)))
 
 
+def check_choice(name: str, value, choices: tuple) -> str:
+    """``value`` of the parameter ``name`` if it is one of ``choices``; else the error that lists them."""
+    if value not in choices:
+        raise InputError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}.")
+    return value
+
+
 def check_precision(precision: str) -> str:
     if precision not in ("fp32", "mixed"):
         raise InputError(f"PRECISION must be 'fp32' or 'mixed', got {precision!r}.")

@@ -22,9 +22,7 @@ STRATEGIES = ("mirrored", "central_storage", "multi_worker")
 
 
 def check_strategy(name: str) -> str:
-    if name not in STRATEGIES:
-        raise InputError(f"STRATEGY must be one of {', '.join(map(repr, STRATEGIES))}, got {name!r}.")
-    return name
+    return params.check_choice("STRATEGY", name, STRATEGIES)
 
 
 def check_keras_strategy(name: str) -> str:
