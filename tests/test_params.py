@@ -213,3 +213,12 @@ def test_the_gpu_check_sizes_its_data_so_that_every_gpu_count_takes_several_step
     train = int(images * params.TRAIN_SHARE * 0.97)  # a patient split may fall a little short of its share
     assert params.check_steps(train, 64 * gpus, gpus) >= 4
     assert "images_for_steps(4, $batch * $gpus)" in (Path(__file__).parent / "gpu" / "check.sh").read_text()
+
+
+def test_choices_and_pretrained_weights_are_refused_with_the_reason_and_the_fix():
+    assert params.check_choice("STRATEGY", "b", ("a", "b")) == "b"
+    with pytest.raises(InputError, match="STRATEGY must be one of 'a', 'b', got 'c'"):
+        params.check_choice("STRATEGY", "c", ("a", "b"))
+    params.check_not_pretrained(False, "no weights")
+    with pytest.raises(InputError, match="PRETRAINED=True: no weights; set PRETRAINED=False"):
+        params.check_not_pretrained(True, "no weights")

@@ -22,7 +22,7 @@ from common.chainer.imports import chainer, chainermn
 from common.data import image_transforms
 from common.errors import InputError
 from common.measure.phases import timed_steps
-from common.run import checkpoints, devices, protocol
+from common.run import checkpoints, devices, params, protocol
 from common.run.devices import threads_per_device
 from common.run.params import BATCH_NORM_MOMENTUM, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
 
@@ -101,12 +101,9 @@ def cupy_cuda_build() -> str | None:
 
 
 def check_pretrained(pretrained: bool) -> None:
-    """Chainer's model zoo has no DenseNet, so there are no ImageNet weights to start from."""
-    if pretrained:
-        raise InputError(
-            "PRETRAINED=True: Chainer publishes no ImageNet DenseNet-121 weights (its model zoo has no DenseNet); "
-            "set PRETRAINED=False, or use the PyTorch notebook for a pretrained start."
-        )
+    params.check_not_pretrained(
+        pretrained, "Chainer publishes no ImageNet DenseNet-121 weights (its model zoo has no DenseNet)"
+    )
 
 
 def communicator_name(device_kind: str) -> str:

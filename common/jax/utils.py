@@ -20,7 +20,6 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from common.data import image_transforms
-from common.errors import InputError
 from common.measure.phases import timed_steps
 from common.run import checkpoints, params, protocol
 from common.run import devices as common_devices
@@ -223,9 +222,6 @@ def check_parallelism(name: str) -> str:
 
 
 def check_pretrained(pretrained: bool) -> None:
-    """Flax publishes no DenseNet-121, so there are no ImageNet weights to start from."""
-    if pretrained:
-        raise InputError(
-            "PRETRAINED=True: there are no ImageNet DenseNet-121 weights for Flax (its examples have no DenseNet); "
-            "set PRETRAINED=False, or use the PyTorch notebook for a pretrained start."
-        )
+    params.check_not_pretrained(
+        pretrained, "there are no ImageNet DenseNet-121 weights for Flax (its examples have no DenseNet)"
+    )

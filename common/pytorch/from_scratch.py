@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from common.errors import InputError
+from common.run import params
 from common.run.params import NUM_CLASSES
 
 # The equivalence checks' own small sizes: one step of each way, compared to one process, in well under a second
@@ -99,8 +100,7 @@ def check_parameters(**given) -> str:
             f"PRECISION={given['PRECISION']!r}: this notebook teaches data parallelism in fp32; set PRECISION = "
             "'fp32' (PyTorch_Speedups teaches mixed precision)."
         )
-    if given["PRETRAINED"]:
-        raise InputError("PRETRAINED=True: the small network has no pretrained weights; set PRETRAINED = False.")
+    params.check_not_pretrained(given["PRETRAINED"], "the small network of this notebook has no pretrained weights")
     changed = []
     for name, default, allowed in OPTIONS:
         if given[name] not in allowed:

@@ -268,6 +268,15 @@ def check_choice(name: str, value, choices: tuple) -> str:
     return value
 
 
+def check_not_pretrained(pretrained: bool, why: str) -> None:
+    """Refuse ``PRETRAINED=True`` for a model that has no ImageNet weights to start from, saying ``why`` not."""
+    if pretrained:
+        raise InputError(
+            f"PRETRAINED=True: {why}; set PRETRAINED=False (PyTorch_MultiGPU and the TensorFlow notebooks can start "
+            "from ImageNet weights)."
+        )
+
+
 def check_precision(precision: str) -> str:
     if precision not in ("fp32", "mixed"):
         raise InputError(f"PRECISION must be 'fp32' or 'mixed', got {precision!r}.")
