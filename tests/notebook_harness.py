@@ -153,6 +153,22 @@ def assert_stops_before_training(name: str, data_dir, tmp_path: Path, parameters
     assert not list((tmp_path / "results").glob("*.json")), "a record was written for a run that never trained"
 
 
+# A refusal costs a kernel's start and its framework's import, one Python thread each: run side by side, the refusals
+# of one notebook take little more than the longest of them.
+REFUSING_AT_ONCE = 3
+
+
+def refusals(name: str, data_dir, out: Path, cases: dict[str, tuple[dict, str]]) -> dict[str, BaseException | None]:
+    """Give notebook ``name`` each bad input of ``cases`` (``{case: (parameters, what the message names)}``), side by
+    side, each checked by :func:`assert_stops_before_training` in ``out/<case>``: ``{case: its failure, or None}``."""
+    with kernels_as_a_users(), concurrent.futures.ThreadPoolExecutor(max_workers=REFUSING_AT_ONCE) as pool:
+        futures = {
+            case: pool.submit(assert_stops_before_training, name, data_dir, out / case, parameters, message)
+            for case, (parameters, message) in cases.items()
+        }
+    return {case: future.exception() for case, future in futures.items()}
+
+
 def run_nbval(name: str, data_dir, tmp_path: Path, records: int = 2, **parameters) -> None:
     """nbval --nbval-lax over the notebook prepared with ``parameters``; it must write ``records`` records."""
     prepared = execute(name, data_dir, tmp_path, output=tmp_path / f"{name}.ipynb", prepare_only=True, **parameters)
@@ -199,6 +215,8 @@ class NotebookContract:
     MULTI_MACHINE: str | None  # None: the notebook trains in one process and prints no such commands
     # Whether the 1-device run saves a checkpoint after every epoch (ResumeContract resumes from them).
     CHECKPOINTS = False
+    # The notebook's own bad input beside IN_EACH_NOTEBOOK's: {case: (parameters, what the message names)}
+    REFUSALS: dict[str, tuple[dict, str]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -250,11 +268,22 @@ class NotebookContract:
     # **Data**); a zero batch and a missing folder are refused by the shared params.fill and synthetic.data_dir
     # (tests/test_params.py, tests/test_chestxray.py), which tests/test_structure.py finds above "## Train" in every
     # notebook.
-    @pytest.mark.parametrize(
-        ("parameters", "message"), [BAD_INPUT[name] for name in IN_EACH_NOTEBOOK], ids=IN_EACH_NOTEBOOK
-    )
-    def test_bad_input_stops_before_training(self, notebook_data, tmp_path, parameters, message):
-        assert_stops_before_training(self.NOTEBOOK, notebook_data, tmp_path, parameters, message)
+    @classmethod
+    def refusal_cases(cls) -> dict[str, tuple[dict, str]]:
+        return {**{name: BAD_INPUT[name] for name in IN_EACH_NOTEBOOK}, **cls.REFUSALS}
+
+    def pytest_generate_tests(self, metafunc):
+        if metafunc.function.__name__ == "test_bad_input_stops_before_training":
+            metafunc.parametrize("case", list(self.refusal_cases()))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def refused(cls, notebook_data, tmp_path_factory):
+        return refusals(cls.NOTEBOOK, notebook_data, tmp_path_factory.mktemp("refusals"), cls.refusal_cases())
+
+    def test_bad_input_stops_before_training(self, refused, case):
+        if refused[case] is not None:
+            raise refused[case]
 
 
 class ResumeContract(NotebookContract):

@@ -1,7 +1,7 @@
 """DataParallel_From_Scratch on 1 (under nbval) and 2 simulated CPU devices, then one of its exercises' mistakes."""
 
 import pytest
-from notebook_harness import NotebookContract, assert_stops_before_training, execute
+from notebook_harness import NotebookContract, execute
 
 from common.measure import results
 from common.teach import exercises
@@ -13,6 +13,7 @@ class TestFromScratchNotebook(NotebookContract):
     NOTEBOOK = NOTEBOOK
     FRAMEWORK = "pytorch"
     MULTI_MACHINE = "config-2-nodes.json"
+    REFUSALS = {"unknown-exercise-value": ({"GRADIENTS": "mean"}, "is not one of")}
 
     def test_each_way_of_stepping_is_checked_against_one_process(self, runs):
         check = runs[2]["generated"]["check"]
@@ -44,6 +45,3 @@ class TestFromScratchNotebook(NotebookContract):
         assert list(table.index) == ["average", "local"]
         assert table.loc["average", "replicas_apart"] == 0 < table.loc["local", "replicas_apart"]
         assert len(set(table.loc["local", "rank_test_auc"])) == 2, "each copy trained on its own share: two AUCs"
-
-    def test_an_unknown_exercise_value_stops_before_training(self, notebook_data, tmp_path):
-        assert_stops_before_training(NOTEBOOK, notebook_data, tmp_path, {"GRADIENTS": "mean"}, "is not one of")
