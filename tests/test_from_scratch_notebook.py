@@ -13,7 +13,10 @@ class TestFromScratchNotebook(NotebookContract):
     NOTEBOOK = NOTEBOOK
     FRAMEWORK = "pytorch"
     MULTI_MACHINE = "config-2-nodes.json"
-    REFUSALS = {"unknown-exercise-value": ({"GRADIENTS": "mean"}, "is not one of")}
+    REFUSALS = {
+        "unknown-exercise-value": ({"GRADIENTS": "mean"}, "is not one of"),
+        "pretrained": ({"PRETRAINED": True}, "has no pretrained weights"),
+    }
 
     def test_each_way_of_stepping_is_checked_against_one_process(self, runs):
         check = runs[2]["generated"]["check"]
