@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
@@ -110,20 +111,37 @@ def execute(
 
 
 def records_by_devices(
-    name: str, data_dir, out: Path, side_by_side: bool = False, checkpoints: bool = False, **parameters
+    name: str,
+    data_dir,
+    out: Path,
+    side_by_side: bool = False,
+    checkpoints: int | None = None,
+    then: Callable[[], None] | None = None,
+    **parameters,
 ) -> dict[int, dict[str, dict]]:
     """Run the notebook on 1 device under nbval (cell by cell, failing on any error, as a person runs it) and on 2
-    with papermill, one after the other or ``side_by_side``: ``{devices: {data kind: record}}``. With
-    ``checkpoints``, the 1-device run saves one after every epoch in ``out/1/checkpoints``."""
-    one = {"CHECKPOINT_DIR": str(out / "1" / "checkpoints")} if checkpoints else {}
-    if side_by_side:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            two = pool.submit(execute, name, data_dir, out / "2", DEVICES=2, **parameters)
-            run_nbval(name, data_dir, out / "1", DEVICES=1, **one, **parameters)
-            two.result()
-    else:
-        run_nbval(name, data_dir, out / "1", DEVICES=1, **one, **parameters)
-        execute(name, data_dir, out / "2", DEVICES=2, **parameters)
+    with papermill, one after the other or ``side_by_side``: ``{devices: {data kind: record}}``. The run on
+    ``checkpoints`` devices, if given, saves one after every epoch in ``out/<checkpoints>/checkpoints``, and ``then``
+    is called as soon as it is done, beside the other run if that one is still going."""
+
+    def run(devices: int) -> None:
+        saving = {"CHECKPOINT_DIR": str(out / str(devices) / "checkpoints")} if devices == checkpoints else {}
+        if devices == 1:
+            run_nbval(name, data_dir, out / "1", DEVICES=1, **saving, **parameters)
+        else:
+            execute(name, data_dir, out / "2", DEVICES=2, **saving, **parameters)
+        if devices == checkpoints and then is not None:
+            then()
+
+    with kernels_as_a_users():  # once around both threads: each putting the marker back would race the other
+        if side_by_side:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                two = pool.submit(run, 2)
+                run(1)
+                two.result()
+        else:
+            run(1)
+            run(2)
     return {devices: {r["data"]: r for r in results.load_all(out / str(devices) / "results")} for devices in (1, 2)}
 
 
@@ -213,8 +231,8 @@ class NotebookContract:
     # What the commands printed under "More than one machine" must carry so that every process of a two-machine run
     # trains this run (its global batch and learning rate, its parameters).
     MULTI_MACHINE: str | None  # None: the notebook trains in one process and prints no such commands
-    # Whether the 1-device run saves a checkpoint after every epoch (ResumeContract resumes from them).
-    CHECKPOINTS = False
+    # The device count whose run saves a checkpoint after every epoch (ResumeContract resumes from them), or None.
+    CHECKPOINTS: int | None = None
     # The notebook's own bad input beside IN_EACH_NOTEBOOK's: {case: (parameters, what the message names)}
     REFUSALS: dict[str, tuple[dict, str]] = {}
 
@@ -287,33 +305,63 @@ class NotebookContract:
 
 
 class ResumeContract(NotebookContract):
-    """A :class:`NotebookContract` whose notebook checkpoints and resumes: its 1-device run saves a checkpoint after
-    every epoch; with the last one taken away, as if the run had died during its last epoch, ``RESUME=True`` trains
-    that epoch only and records the whole run. (That a checkpoint survives a SIGKILL at any moment is
-    ``common.run.checkpoints.save``'s, shared by every notebook: tests/test_resume.py kills a PyTorch run.)"""
+    """A :class:`NotebookContract` whose notebook checkpoints and resumes: its run on ``CHECKPOINTS`` devices saves a
+    checkpoint after every epoch; with the last one taken away, as if the run had died during its last epoch,
+    ``RESUME=True`` on as many devices trains that epoch only and records the whole run. (That a checkpoint survives a
+    SIGKILL at any moment is ``common.run.checkpoints.save``'s, shared by every notebook: tests/test_resume.py kills a
+    PyTorch run.)"""
 
-    CHECKPOINTS = True
+    # the resumed run is a third run of the notebook: on the device count whose run is the shorter
+    CHECKPOINTS = 1
     SUFFIX: str  # what the file (or folder) of a checkpoint's saved state ends in
     PROGRESS: str  # what the log shows while it trains an epoch: a format of ``epoch`` and ``epochs``
 
-    def test_resumes_after_its_newest_complete_checkpoint(self, runs, run_dir, notebook_data, tmp_path):
-        epochs = self.TINY["EPOCHS"]
-        saved = tmp_path / "checkpoints"
-        shutil.copytree(run_dir / "1" / "checkpoints", saved)
+    @pytest.fixture(scope="class")
+    @classmethod
+    def resumed(cls):
+        """What the resumed run left (:meth:`resume`'s result) or raised, once ``runs`` is done."""
+        return concurrent.futures.Future()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def runs(cls, notebook_data, run_dir, resumed):
+        """The contract's two runs, and the resumed run as soon as the checkpoints it needs exist: beside the other
+        run when the two run side by side (a core idles there while the other run compiles its steps). What it raises
+        is kept for the resume test: the other tests need only the two runs."""
+
+        def resume() -> None:
+            try:
+                resumed.set_result(cls.resume(notebook_data, run_dir / str(cls.CHECKPOINTS), run_dir / "resumed"))
+            except Exception as error:  # raised again by the test that needs it
+                resumed.set_exception(error)
+
+        return records_by_devices(cls.NOTEBOOK, notebook_data, run_dir, cls.SIDE_BY_SIDE, cls.CHECKPOINTS, resume,
+                                  **cls.TINY)  # fmt: skip
+
+    @classmethod
+    def resume(cls, data_dir, finished: Path, out: Path) -> tuple[Path, list[checkpoints.Checkpoint]]:
+        """Resume the ``finished`` run in ``out`` from a copy of its checkpoints, the last taken away as if the run had
+        died before it was saved: the executed notebook and the checkpoints the run left."""
+        epochs, saved = cls.TINY["EPOCHS"], out / "checkpoints"
+        shutil.copytree(finished / "checkpoints", saved)
         written = checkpoints.complete(saved)
         assert [c.epoch for c in written] == [epochs - 1, epochs]  # common.run.checkpoints.KEEP: the newest two
-        assert written[-1].state.name == f"epoch-{epochs:04d}{self.SUFFIX}"
-        (saved / f"epoch-{epochs:04d}.json").unlink()  # the last epoch's, as if the run had died before it was saved
+        assert written[-1].state.name == f"epoch-{epochs:04d}{cls.SUFFIX}"
+        (saved / f"epoch-{epochs:04d}.json").unlink()
+        executed = execute(cls.NOTEBOOK, data_dir, out, CHECKPOINT_DIR=str(saved), RESUME=True,
+                           DEVICES=cls.CHECKPOINTS, **cls.TINY)  # fmt: skip
+        return executed, written
 
-        executed = execute(self.NOTEBOOK, notebook_data, tmp_path, CHECKPOINT_DIR=str(saved), RESUME=True, DEVICES=1,
-                           **self.TINY)  # fmt: skip
-        records = {record["data"]: record for record in results.load_all(tmp_path / "results")}
+    def test_resumes_after_its_newest_complete_checkpoint(self, runs, resumed):
+        executed, written = resumed.result(timeout=0)
+        epochs, out = self.TINY["EPOCHS"], executed.parent
+        records = {record["data"]: record for record in results.load_all(out / "results")}
         assert set(records) == {"generated", results.IN_RAM}
         trained = records["generated"]
         assert len(trained["epoch_seconds"]) == len(trained["valid_auc"]) == epochs
         # the epochs before come from the checkpoint, not from training them again
         assert trained["epoch_seconds"][:-1] == written[-2].history["epoch_seconds"]
-        assert [c.epoch for c in checkpoints.complete(saved)] == [epochs - 1, epochs]
+        assert [c.epoch for c in checkpoints.complete(out / "checkpoints")] == [epochs - 1, epochs]
         log = printed(executed)
         assert f"Resuming after epoch {epochs - 1}" in log
         assert self.PROGRESS.format(epoch=epochs - 1, epochs=epochs) not in log
