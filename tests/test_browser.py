@@ -20,6 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import selected_environments
 from notebook_harness import (
     NOTEBOOK_DIR,
     PROGRESS_BAR,
@@ -179,11 +180,23 @@ def kernel_display_name(notebook: str) -> str:
     return environments.for_notebook(notebook.removesuffix(".ipynb").removesuffix("-tiny")).display_name
 
 
-def open_notebook(browser, lab: Lab, name: str):
-    """A new page showing notebook ``name`` once its kernel is up; ``reset`` starts from an empty workspace."""
+def start_opening(browser, lab: Lab, name: str):
+    """A new page opening notebook ``name`` in a workspace of its own, emptied first (``reset``), so that pages open
+    side by side show one notebook each; its kernel starts on the server."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
+    workspace = re.sub(r"\W", "-", name)
+    page.goto(f"{lab.url}/lab/workspaces/{workspace}/tree/{name}?reset&token={lab.token}")
+    return page
+
+
+def wait_until_ready(page, name: str) -> None:
     page.locator("#jp-main-statusbar").get_by_text(f"{kernel_display_name(name)} | Idle").wait_for(timeout=120_000)
+
+
+def open_notebook(browser, lab: Lab, name: str):
+    """A new page showing notebook ``name`` once its kernel is up."""
+    page = start_opening(browser, lab, name)
+    wait_until_ready(page, name)
     # The file browser would take a quarter of the screenshot's width.
     page.keyboard.press("Control+b")
     return page
@@ -207,24 +220,54 @@ def rendered_headings(page, level: int = 2) -> list[str]:
     return [text.strip() for text in page.locator(f".jp-MarkdownCell .jp-RenderedMarkdown h{level}").all_inner_texts()]
 
 
-@pytest.mark.parametrize(
-    "notebook", [pytest.param(path.name, marks=marks(path.stem)) for path in sorted(NOTEBOOK_DIR.glob("*.ipynb"))]
-)
-def test_notebook_opens_with_its_environments_kernel_and_its_headings(browser, lab, notebook):
-    page = open_notebook(browser, lab, notebook)
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+
+
+def shown_on_opening(page) -> dict:
+    """What an opened notebook's page shows: the kernel's name, the headings, the tabs marked modified, the code cells
+    shown collapsed."""
+    return {
+        "kernel": page.locator(".jp-NotebookPanel-toolbar .jp-KernelName").inner_text().strip(),
+        "headings": rendered_headings(page),
+        "modified": page.locator(".lm-TabBar-tab.jp-mod-dirty").count(),
+        "collapsed": page.locator(".jp-CodeCell .jp-InputPlaceholder").count(),
+    }
+
+
+@pytest.fixture(scope="module")
+def opened(browser, lab):
+    """Every notebook of the selected environments, opened all at once (their kernels start side by side, in the time
+    one takes alone on an idle machine), then read page by page: ``{notebook: what it shows, or what went wrong}``."""
+    selected = [path.name for path in NOTEBOOKS if environments.for_notebook(path.stem).name in selected_environments()]
+    pages = {name: start_opening(browser, lab, name) for name in selected}
+    shown = {}
     try:
-        kernel_name = page.locator(".jp-NotebookPanel-toolbar .jp-KernelName").inner_text().strip()
-        assert kernel_name == kernel_display_name(notebook)
-        assert rendered_headings(page) == markdown_headings(lab.root / notebook)
-        # opening it changed nothing (a notebook saved without the kernel's whole language_info is marked modified)
-        assert page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0
-        # the exercises' answers open collapsed: JupyterLab shows a placeholder instead of their code
-        cells = nbformat.read(lab.root / notebook, as_version=4).cells
-        answers = sum("answer" in cell.metadata.get("tags", []) for cell in cells)
-        assert answers and page.locator(".jp-CodeCell .jp-InputPlaceholder").count() == answers
+        for name, page in pages.items():
+            try:
+                wait_until_ready(page, name)
+                shown[name] = shown_on_opening(page)
+            except Exception as error:  # raised again by that notebook's test
+                shown[name] = error
     finally:
-        page.close()
+        for page in pages.values():
+            page.close()
         lab.shut_down_kernels()
+    return shown
+
+
+@pytest.mark.parametrize("notebook", [pytest.param(path.name, marks=marks(path.stem)) for path in NOTEBOOKS])
+def test_notebook_opens_with_its_environments_kernel_and_its_headings(opened, lab, notebook):
+    shown = opened[notebook]
+    if isinstance(shown, Exception):
+        raise shown
+    assert shown["kernel"] == kernel_display_name(notebook)
+    assert shown["headings"] == markdown_headings(lab.root / notebook)
+    # opening it changed nothing (a notebook saved without the kernel's whole language_info is marked modified)
+    assert shown["modified"] == 0
+    # the exercises' answers open collapsed: JupyterLab shows a placeholder instead of their code
+    cells = nbformat.read(lab.root / notebook, as_version=4).cells
+    answers = sum("answer" in cell.metadata.get("tags", []) for cell in cells)
+    assert answers and shown["collapsed"] == answers
 
 
 def run_all_cells(page) -> None:
