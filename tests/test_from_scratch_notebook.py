@@ -14,7 +14,7 @@ class TestFromScratchNotebook(NotebookContract):
     FRAMEWORK = "pytorch"
     MULTI_MACHINE = "config-2-nodes.json"
     REFUSALS = {
-        "unknown-exercise-value": ({"GRADIENTS": "mean"}, "is not one of"),
+        "unknown-exercise-value": ({"GRADIENTS": "mean"}, "must be one of"),
         "pretrained": ({"PRETRAINED": True}, "has no pretrained weights"),
     }
 

@@ -24,7 +24,7 @@ class TestShardedNotebook(NotebookContract):
     NOTEBOOK = NOTEBOOK
     FRAMEWORK = "pytorch"
     MULTI_MACHINE = "config-2-nodes.json"
-    REFUSALS = {"tensor-parallel-densenet": ({"STRATEGY": "tp"}, "is not one of")}
+    REFUSALS = {"tensor-parallel-densenet": ({"STRATEGY": "tp"}, "must be one of")}
 
     @pytest.mark.parametrize("devices", [1, 2])
     def test_every_strategy_takes_ddps_steps(self, runs, devices):

@@ -103,9 +103,7 @@ def check_parameters(**given) -> str:
     params.check_not_pretrained(given["PRETRAINED"], "the small network of this notebook has no pretrained weights")
     changed = []
     for name, default, allowed in OPTIONS:
-        if given[name] not in allowed:
-            raise InputError(f"{name}={given[name]!r} is not one of {', '.join(map(repr, allowed))}: choose one.")
-        if given[name] != default:
+        if params.check_choice(name, given[name], allowed) != default:
             changed.append(f"{name}={given[name]!r}")
     return ", ".join(changed)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from common.errors import InputError
 from common.pytorch.sharded.model import MLPShape, check_tensor_parallel
+from common.run import params
 
 TRAINED = ("ddp", "zero2", "zero3")  # the ways DenseNet-121 trains (tensor parallelism needs a plan per layer)
 IN_FEATURES = 64  # the MLP's input: a feature vector, not an image
@@ -21,8 +22,7 @@ def check_parameters(hardware, **given) -> tuple[MLPShape, float]:
             f"PRECISION={given['PRECISION']!r}: this notebook counts bytes in fp32 (4 + 4 + 8 per parameter with "
             "Adam); set PRECISION = 'fp32' (PyTorch_Speedups teaches mixed precision)."
         )
-    if given["STRATEGY"] not in TRAINED:
-        raise InputError(f"STRATEGY={given['STRATEGY']!r} is not one of {', '.join(map(repr, TRAINED))}: choose one.")
+    params.check_choice("STRATEGY", given["STRATEGY"], TRAINED)
     width = given["MLP_WIDTH"] or DEFAULT_WIDTH[hardware.kind]
     shape = MLPShape(IN_FEATURES, width, given["MLP_DEPTH"])  # refuses a width or depth that is not a positive count
     check_tensor_parallel(shape, hardware.count)
