@@ -116,22 +116,23 @@ def records_by_devices(
     out: Path,
     side_by_side: bool = False,
     checkpoints: int | None = None,
-    then: Callable[[], None] | None = None,
+    then: Callable[[Path], None] | None = None,
     **parameters,
 ) -> dict[int, dict[str, dict]]:
     """Run the notebook on 1 device under nbval (cell by cell, failing on any error, as a person runs it) and on 2
     with papermill, one after the other or ``side_by_side``: ``{devices: {data kind: record}}``. The run on
     ``checkpoints`` devices, if given, saves one after every epoch in ``out/<checkpoints>/checkpoints``, and ``then``
-    is called as soon as it is done, beside the other run if that one is still going."""
+    is called with that folder as soon as it is done, beside the other run if that one is still going."""
+    saved = out / str(checkpoints) / "checkpoints"
 
     def run(devices: int) -> None:
-        saving = {"CHECKPOINT_DIR": str(out / str(devices) / "checkpoints")} if devices == checkpoints else {}
+        saving = {"CHECKPOINT_DIR": str(saved)} if devices == checkpoints else {}
         if devices == 1:
             run_nbval(name, data_dir, out / "1", DEVICES=1, **saving, **parameters)
         else:
             execute(name, data_dir, out / "2", DEVICES=2, **saving, **parameters)
         if devices == checkpoints and then is not None:
-            then()
+            then(saved)
 
     with kernels_as_a_users():  # once around both threads: each putting the marker back would race the other
         if side_by_side:
@@ -329,9 +330,9 @@ class ResumeContract(NotebookContract):
         run when the two run side by side (a core idles there while the other run compiles its steps). What it raises
         is kept for the resume test: the other tests need only the two runs."""
 
-        def resume() -> None:
+        def resume(saved: Path) -> None:
             try:
-                resumed.set_result(cls.resume(notebook_data, run_dir / str(cls.CHECKPOINTS), run_dir / "resumed"))
+                resumed.set_result(cls.resume(notebook_data, saved, run_dir / "resumed"))
             except Exception as error:  # raised again by the test that needs it
                 resumed.set_exception(error)
 
@@ -340,10 +341,10 @@ class ResumeContract(NotebookContract):
 
     @classmethod
     def resume(cls, data_dir, finished: Path, out: Path) -> tuple[Path, list[checkpoints.Checkpoint]]:
-        """Resume the ``finished`` run in ``out`` from a copy of its checkpoints, the last taken away as if the run had
-        died before it was saved: the executed notebook and the checkpoints the run left."""
+        """Resume a run in ``out`` from a copy of the checkpoints it saved in ``finished``, the last taken away as if
+        the run had died before it was saved: the executed notebook and the checkpoints the run left."""
         epochs, saved = cls.TINY["EPOCHS"], out / "checkpoints"
-        shutil.copytree(finished / "checkpoints", saved)
+        shutil.copytree(finished, saved)
         written = checkpoints.complete(saved)
         assert [c.epoch for c in written] == [epochs - 1, epochs]  # common.run.checkpoints.KEEP: the newest two
         assert written[-1].state.name == f"epoch-{epochs:04d}{cls.SUFFIX}"
