@@ -196,6 +196,7 @@ FRAMEWORK_PACKAGES = {
     "mxnet": "mxnet-chainer",
     "chainer": "mxnet-chainer",
     "jax": "jax",
+    "keras": "tensorflow and jax",  # Keras 3 on either backend
 }
 FRAMEWORK_MODULES = (
     "torch",

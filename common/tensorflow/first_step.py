@@ -34,6 +34,7 @@ def measure_one(devices: int, size: int, batch: int, variant: str, steps: int = 
     """Seconds to trace, to run the first time and per later step, in this process (which it configures)."""
     import numpy as np
 
+    from common.keras import model as km
     from common.run import devices as common_devices
     from common.run import params
     from common.tensorflow import utils as tfu
@@ -46,7 +47,7 @@ def measure_one(devices: int, size: int, batch: int, variant: str, steps: int = 
     global_batch = batch * strategy.num_replicas_in_sync
     schedule = keras.optimizers.schedules.CosineDecay(1e-3, decay_steps=100)
     with strategy.scope():
-        model = tfu.build_densenet121(size)
+        model = km.build_densenet121(size)
         optimizer = tfu.Adam(schedule) if optimizer == "fused" else keras.optimizers.Adam(schedule)
         optimizer.build(model.trainable_variables)
 

@@ -5,7 +5,7 @@ Where Keras' tool differs from PyTorch's (:mod:`common.pytorch.speedups`): a glo
 an autocast context, XLA (``model.compile(jit_compile=True)``) instead of ``torch.compile``, ``tf.data``'s parallel
 ``map`` and ``prefetch`` instead of ``DataLoader`` worker processes, and the TensorFlow profiler. The notebook builds
 its models, its ``tf.data`` chain and its profile itself; here every measurement times ``model.fit``, the way the Keras
-notebook trains, through :class:`common.tensorflow.callbacks.StepTimer`, and comes back as a
+notebook trains, through :class:`common.keras.callbacks.StepTimer`, and comes back as a
 :class:`common.teach.toolbox.Measured` row, and the profile is read into a table and a Chrome trace.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from common.keras.callbacks import StepTimer
 from common.run import devices
 from common.teach import toolbox
 from common.tensorflow import utils as tfu
-from common.tensorflow.callbacks import StepTimer
 from common.tensorflow.imports import keras, quiet_start_up, tf
 
 LEARNING_RATE = 1e-4  # the speed does not depend on it; kept small so that repeated steps on one batch stay finite

@@ -12,10 +12,11 @@ import sys
 import numpy as np
 
 from common.errors import InputError
+from common.keras import model as km
 from common.measure.phases import timed_steps
 from common.run import checkpoints, kernel, params, protocol
 from common.run import devices as common_devices
-from common.run.params import BATCH_NORM_MOMENTUM, CROP_SCALE, IMAGENET_MEAN, IMAGENET_STD, NUM_CLASSES
+from common.run.params import CROP_SCALE, NUM_CLASSES
 from common.tensorflow.imports import keras, quiet_first_graph_notices, tf
 
 STRATEGIES = ("mirrored", "central_storage", "multi_worker")
@@ -195,53 +196,6 @@ def set_precision(precision: str, kind: str) -> str:
     return policy
 
 
-@keras.saving.register_keras_serializable(package="common")
-class GrayToImageNet(keras.layers.Layer):
-    """uint8 gray images (batch, height, width, 1) as the network takes them: scaled to [0, 1], the gray repeated into
-    3 channels, normalized by the ImageNet statistics, as every framework of this project feeds its DenseNet.
-
-    The first layer of the model, so that it runs on the devices: the input pipeline ships 1 byte per pixel instead of
-    the 12 of three float32 channels. It has no weights. It normalizes in float32, then casts to the compute dtype of
-    the policy (bfloat16 under ``mixed_bfloat16``).
-    """
-
-    def call(self, images):
-        pixels = keras.ops.cast(images, "float32") / 255.0
-        # broadcasting the gray channel against 3 channels' statistics repeats it, with no RGB copy made first
-        normalized = (pixels - np.float32(IMAGENET_MEAN)) / np.float32(IMAGENET_STD)
-        return keras.ops.cast(normalized, self.compute_dtype)
-
-    def compute_output_shape(self, input_shape):
-        return (*input_shape[:-1], 3)
-
-
-def build_densenet121(image_size: int, pretrained: bool = False, activation: str | None = None) -> keras.Model:
-    """Keras' DenseNet-121 with a 14-way head (6,968,206 trainable parameters); build it inside a strategy scope.
-
-    It takes the input pipeline's uint8 gray batches (batch, size, size, 1) and normalizes them itself
-    (:class:`GrayToImageNet`). ``activation=None`` gives logits, ``"sigmoid"`` probabilities. The head computes in
-    float32 also under a mixed-precision policy, for a stable loss.
-    """
-    images = keras.Input((image_size, image_size, 1), dtype="uint8", name="images")
-    base = keras.applications.DenseNet121(
-        weights="imagenet" if pretrained else None,
-        include_top=False,
-        input_tensor=GrayToImageNet(name="gray_to_imagenet")(images),
-        input_shape=(image_size, image_size, 3),
-        pooling="avg",
-    )
-    for layer in base.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            layer.momentum = BATCH_NORM_MOMENTUM
-        elif isinstance(layer, keras.layers.Conv2D) and not pretrained:
-            # torchvision starts its convolutions from Kaiming-normal weights, Keras from Glorot-uniform ones,
-            # which are smaller: the same Adam step then moves them further, the batch statistics drift
-            # faster than the running averages follow, and evaluation suffers in a short run.
-            layer.kernel.assign(keras.initializers.HeNormal()(layer.kernel.shape))
-    head = keras.layers.Dense(NUM_CLASSES, activation=activation, dtype="float32", name="predictions")
-    return keras.Model(images, head(base.output), name="densenet121")
-
-
 def recompute_batch_norm_statistics(model: keras.Model, data: tf.data.Dataset, batches: int) -> None:
     """Replace the BatchNorm running averages by the mean statistics of ``batches`` batches of ``data``.
 
@@ -281,6 +235,16 @@ def share_batch_norm_statistics(model: keras.Model) -> None:
         copies = getattr(variable.value, "values", ())
         for copy in copies[1:]:
             copy.assign(copies[0])
+
+
+class ShareBatchNormStatistics(keras.callbacks.Callback):
+    """:func:`share_batch_norm_statistics` before every evaluation and prediction of ``model.fit`` and friends."""
+
+    def on_test_begin(self, logs=None):
+        share_batch_norm_statistics(self.model)
+
+    def on_predict_begin(self, logs=None):
+        share_batch_norm_statistics(self.model)
 
 
 class Adam(keras.optimizers.Adam):
@@ -342,16 +306,8 @@ def make_optimizer(learning_rate: float, steps: int, policy: str = "float32") ->
     Under float16 it is wrapped in dynamic loss scaling, which bf16 and fp32 do not need
     (``model.compile`` wraps it by itself).
     """
-    warmup = params.warmup_steps(steps)
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=steps - warmup, warmup_target=learning_rate, warmup_steps=warmup
-    )
-    optimizer = Adam(schedule)
+    optimizer = Adam(km.schedule(learning_rate, steps))
     return keras.optimizers.LossScaleOptimizer(optimizer) if policy == "mixed_float16" else optimizer
-
-
-def trainable_parameters(model: keras.Model) -> int:
-    return int(sum(np.prod(weight.shape) for weight in model.trainable_weights))
 
 
 def replica_loss(labels: tf.Tensor, logits: tf.Tensor, global_batch: int) -> tf.Tensor:
@@ -384,7 +340,7 @@ def _resize(image: tf.Tensor, size) -> tf.Tensor:
 
 def train_transform(image: tf.Tensor, image_size: int, seed: tf.Tensor) -> tf.Tensor:
     """Random resized crop (area in ``CROP_SCALE``, aspect 3/4 to 4/3) and horizontal flip of a uint8 gray image; the
-    model normalizes it (:class:`GrayToImageNet`).
+    model normalizes it (:class:`common.keras.model.GrayToImageNet`).
 
     Stateless random ops drawn from ``seed`` (shape [2]): the same image with the same seed gets the
     same crop, whichever thread of the parallel pipeline happens to decode it.

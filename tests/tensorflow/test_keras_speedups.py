@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from common.data import chestxray
+from common.keras import model as km
 from common.teach import toolbox
 from common.tensorflow import speedups as ks
 from common.tensorflow import utils as tfu
@@ -25,7 +26,7 @@ def small():
     return keras.Sequential(
         [
             keras.Input((16, 16, 1), dtype="uint8"),
-            tfu.GrayToImageNet(),
+            km.GrayToImageNet(),
             keras.layers.Conv2D(8, 3),
             keras.layers.BatchNormalization(),
             keras.layers.ReLU(),
@@ -48,8 +49,8 @@ def page(start: str, **names) -> dict:
 
 def densenet(seed: int = 0):
     """The page's ``densenet(policy, jit_compile)``, building :func:`small` where the page builds DenseNet-121."""
-    network = SimpleNamespace(build_densenet121=lambda size: small(), Adam=tfu.Adam)
-    return page("def densenet(", keras=keras, tfu=network, ks=ks, SEED=seed, size=16)["densenet"]
+    network = SimpleNamespace(build_densenet121=lambda size: small())
+    return page("def densenet(", keras=keras, km=network, tfu=tfu, ks=ks, SEED=seed, size=16)["densenet"]
 
 
 def test_the_variants_the_page_builds_start_from_the_same_weights():

@@ -19,9 +19,10 @@ from png_modes import HEIGHT, MODES, WIDTH, write
 
 from common.data import chestxray
 from common.errors import InputError
+from common.keras import callbacks as kc
+from common.keras import model as km
 from common.measure.phases import Phases
 from common.run import checkpoints, devices, params, protocol
-from common.tensorflow import callbacks as kc
 from common.tensorflow import imports as tf_import
 from common.tensorflow import speedups as ks
 from common.tensorflow import utils as tfu
@@ -80,11 +81,11 @@ def test_every_gpu_tensorflow_uses_grows_its_memory_as_needed(monkeypatch, confi
 
 def test_densenet121_has_the_shared_parameter_count():
     """The same 6,968,206 trainable parameters as torchvision's DenseNet-121 with 14 outputs."""
-    assert tfu.trainable_parameters(tfu.build_densenet121(32)) == 6_968_206
+    assert km.trainable_parameters(km.build_densenet121(32)) == 6_968_206
 
 
 def test_densenet121_matches_torchvision_batch_norm_momentum_and_float32_head():
-    model = tfu.build_densenet121(32, activation="sigmoid")
+    model = km.build_densenet121(32, activation="sigmoid")
     norms = [layer for layer in model.layers if layer.__class__.__name__ == "BatchNormalization"]
     assert len(norms) == 121 and {layer.momentum for layer in norms} == {params.BATCH_NORM_MOMENTUM}
     assert model.layers[-1].dtype_policy.compute_dtype == "float32"
@@ -113,7 +114,7 @@ def test_datasets_give_uint8_gray_images_and_score_every_image_once(splits):
 
 def test_the_model_takes_what_the_datasets_and_the_benchmark_give(splits):
     """Training, evaluation and the synthetic-data benchmark feed the same model: the same images' dtype and shape."""
-    model = tfu.build_densenet121(32)
+    model = km.build_densenet121(32)
     train = tfu.dataset(splits["train"], 32, global_batch=8, training=True)
     test = tfu.dataset(splits["test"], 32, global_batch=8, training=False)
     random = tfu.random_batch(8, 32)
@@ -129,14 +130,14 @@ def test_the_model_normalizes_uint8_gray_into_the_three_channels_the_pipeline_ga
     pixels = np.random.default_rng(0).integers(0, 256, (2, 5, 7, 1), dtype=np.uint8)
     mean, std = np.float32(params.IMAGENET_MEAN), np.float32(params.IMAGENET_STD)
     expected = (np.repeat(pixels, 3, axis=-1).astype(np.float32) / 255 - mean) / std
-    normalized = tfu.GrayToImageNet()(pixels)
+    normalized = km.GrayToImageNet()(pixels)
     assert normalized.dtype == tf.float32
     np.testing.assert_allclose(normalized.numpy(), expected, rtol=0, atol=1e-6)
     # under a mixed-precision policy: normalized in float32, then rounded once to the compute dtype
-    half = tfu.GrayToImageNet(dtype="mixed_bfloat16")(pixels)
+    half = km.GrayToImageNet(dtype="mixed_bfloat16")(pixels)
     assert half.dtype == tf.bfloat16
     np.testing.assert_array_equal(half.numpy(), tf.cast(expected, tf.bfloat16).numpy())
-    assert not tfu.GrayToImageNet().weights
+    assert not km.GrayToImageNet().weights
 
 
 @pytest.mark.parametrize("shape", [(40, 36, 1), (100, 90, 1)], ids=["prepared, no antialias", "PNG, antialiased"])
@@ -229,7 +230,7 @@ def test_step_timer_leaves_out_the_warm_up_steps_and_records_both_as_phases():
 def test_mixed_precision_is_bf16_on_cpu_with_a_float32_head():
     try:
         assert tfu.set_precision("mixed", "cpu") == "mixed_bfloat16"
-        model = tfu.build_densenet121(32)
+        model = km.build_densenet121(32)
         assert model.get_layer("conv1_conv").compute_dtype == "bfloat16"
         assert model.get_layer("gray_to_imagenet").compute_dtype == "bfloat16"
         assert model(np.zeros((1, 32, 32, 1), np.uint8)).dtype == "float32"
@@ -390,7 +391,7 @@ def test_keras_epoch_checkpoints_resume_model_fit_exactly_and_keep_the_history(t
 
 def test_a_saved_model_loads_with_its_normalization(tmp_path):
     """``model.save`` names the normalization by its registered class: ``load_model`` rebuilds it, no custom_objects."""
-    model = keras.Sequential([keras.Input((4, 4, 1), dtype="uint8"), tfu.GrayToImageNet(), keras.layers.Dense(2)])
+    model = keras.Sequential([keras.Input((4, 4, 1), dtype="uint8"), km.GrayToImageNet(), keras.layers.Dense(2)])
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "model.keras")
     pixels = np.arange(32, dtype=np.uint8).reshape(2, 4, 4, 1)

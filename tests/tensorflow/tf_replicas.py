@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from common.keras import model as km
 from common.run import devices
 from common.tensorflow import utils as tfu
 
@@ -19,7 +20,7 @@ GLOBAL_BATCH = 8
 def make_model(batch_norm: bool = False) -> keras.Model:
     """Fed as the notebooks' DenseNet is: uint8 gray images, normalized by the model on each replica."""
     keras.utils.set_random_seed(0)
-    layers = [keras.Input((8, 8, 1), dtype="uint8"), tfu.GrayToImageNet(), keras.layers.Conv2D(4, 3, padding="same")]
+    layers = [keras.Input((8, 8, 1), dtype="uint8"), km.GrayToImageNet(), keras.layers.Conv2D(4, 3, padding="same")]
     if batch_norm:
         layers.append(keras.layers.BatchNormalization(momentum=0.5))
     layers += [keras.layers.ReLU(), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(14)]

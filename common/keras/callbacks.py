@@ -1,20 +1,17 @@
-"""Keras callbacks of the ``model.fit`` notebook: each epoch's history, phases and checkpoint, the exact validation
-AUC, the BatchNorm statistics shared between replicas, and the benchmark's step timer.
-
-Imported only by the Keras notebook (``import common`` does not import TensorFlow).
-"""
+"""Keras callbacks of the ``model.fit`` notebooks, on either backend: each epoch's history, phases and checkpoint,
+the exact validation AUC, and the benchmark's step timer; and Keras' own test AUC, set beside the exact one."""
 
 from __future__ import annotations
 
 import time
 
+import keras
 import numpy as np
 
 from common.measure import metrics
 from common.measure.phases import Phases
 from common.run import checkpoints
-from common.tensorflow.imports import keras, tf
-from common.tensorflow.utils import share_batch_norm_statistics
+from common.run.params import NUM_CLASSES
 
 
 class ExactAUC(keras.callbacks.Callback):
@@ -24,13 +21,15 @@ class ExactAUC(keras.callbacks.Callback):
     small validation split of a demo lacks some findings, so its Keras AUC reads far too low.
     """
 
-    def __init__(self, data: tf.data.Dataset, labels: np.ndarray):
+    def __init__(self, data, labels: np.ndarray):
         super().__init__()
         self.data, self.labels = data, labels
         self.history: list[float] = []
 
     def on_epoch_end(self, epoch, logs=None):
-        auc = metrics.roc_auc(self.labels, self.model.predict(self.data, verbose=0)).mean
+        # on JAX the last batch is padded to a full one, which every device can share: its padding is scored too
+        scores = self.model.predict(self.data, verbose=0)[: len(self.labels)]
+        auc = metrics.roc_auc(self.labels, scores).mean
         self.history.append(auc)
         if logs is not None:
             logs["val_exact_auc"] = auc
@@ -94,16 +93,6 @@ class EpochLog(keras.callbacks.Callback):
                 )
 
 
-class ShareBatchNormStatistics(keras.callbacks.Callback):
-    """:func:`share_batch_norm_statistics` before every evaluation and prediction of ``model.fit`` and friends."""
-
-    def on_test_begin(self, logs=None):
-        share_batch_norm_statistics(self.model)
-
-    def on_predict_begin(self, logs=None):
-        share_batch_norm_statistics(self.model)
-
-
 class StepTimer(keras.callbacks.Callback):
     """Images per second of ``model.fit`` steps after ``warmup`` untimed ones (tracing, allocation); ``phases`` (a
     :class:`common.measure.phases.Phases`) gets the warm-up and the timed steps."""
@@ -134,8 +123,26 @@ class StepTimer(keras.callbacks.Callback):
 
 
 def load_checkpoint(checkpoint: checkpoints.Checkpoint, model: keras.Model) -> tuple[int, dict]:
-    """Load what :class:`EpochLog` saved into a compiled model, inside the strategy's scope; returns the epochs
-    finished and the history."""
+    """Load what :class:`EpochLog` saved into a compiled model (on TensorFlow inside the strategy's scope); returns
+    the epochs finished and the history."""
     model.optimizer.build(model.trainable_variables)  # the optimizer's slots must exist to take their saved values
     model.load_weights(str(checkpoint.state))
     return checkpoint.epoch, checkpoint.history
+
+
+def keras_test_auc(model: keras.Model, data, auc: metrics.AUC, images: int) -> float:
+    """``keras.metrics.AUC`` (compiled as ``"auc"``) on the test ``data`` of ``images`` images, comparable with the
+    exact ``auc``: Keras keeps a finding without positive test images in its mean, with an AUC of 0, so its figure is
+    rescaled to the findings the exact AUC defines. Prints both."""
+    keras_auc = model.evaluate(data, verbose=0, return_dict=True)["auc"]
+    if auc.undefined:
+        print(
+            f"keras.metrics.AUC scored {', '.join(f'{name} ({why})' for name, why in auc.why_undefined.items())} as 0; "
+            "rescaled:"
+        )
+        keras_auc *= NUM_CLASSES / (NUM_CLASSES - len(auc.undefined))
+    print(
+        f"test mean ROC AUC {auc.mean:.3f} over {images} images; keras.metrics.AUC: {keras_auc:.3f} "
+        f"(difference {abs(auc.mean - keras_auc):.3f})"
+    )
+    return keras_auc
