@@ -241,12 +241,15 @@ def test_first_steps_advice_names_what_the_framework_does_there(framework, kind,
         ("chainer", "Chainer_MultiGPU", "gpu", "PRECISION='mixed'", "torch.compile"),
         ("mxnet", "Gluon_MultiGPU", "gpu", "static_shape", "torch.compile"),
         ("keras", "Keras_TF_MultiGPU", "gpu", "jit_compile", "torch.compile"),
+        ("keras-jax", "Keras_JAX_MultiGPU", "gpu", "compiled already", "jit_compile"),
         ("pytorch", "PyTorch_Sharded", "gpu", "torch.compile", "PRECISION='mixed'"),  # fp32 by design
     ],
 )
 def test_busy_advice_is_what_that_notebook_can_do_on_that_device(framework, notebook, kind, said, not_said):
     utilization = gpus(90.0, 90.0) if kind == "gpu" else {}
-    record = training(framework=framework, notebook=notebook, device_kind=kind, device_utilization=utilization)
-    found = dg.diagnose(record, in_ram(device_kind=kind, framework=framework, notebook=notebook))
+    framework, _, backend = framework.partition("-")  # keras-jax: Keras on its JAX backend
+    extra = {"backend": backend} if backend else {}
+    record = training(framework=framework, notebook=notebook, device_kind=kind, device_utilization=utilization, **extra)
+    found = dg.diagnose(record, in_ram(device_kind=kind, framework=framework, notebook=notebook, **extra))
     assert found.verdict == dg.BUSY, found
     assert said in found.first_try and not_said not in found.first_try, found.first_try

@@ -91,9 +91,13 @@ def test_each_environment_builds_from_its_own_locks_with_the_newest_frameworks_t
     )
     legacy = pins(ENVS / "mxnet-chainer" / "cuda11.txt")
     assert legacy["mxnet-cu112"] == pins(ENVS / "mxnet-chainer" / "cpu.txt")["mxnet"] == "1.9.1"
-    for framework in ("torch", "tensorflow", "tensorflow-cpu", "mxnet", "chainer", "keras"):
+    for framework in ("torch", "tensorflow", "tensorflow-cpu", "mxnet", "chainer", "jax"):
         holders = [lock.parent.name for lock in LOCKS if framework in pins(lock)]
         assert len(set(holders)) <= 1, f"{framework} is in more than one environment: {holders}"
+    # Keras on both of its backends, the one version: the two Keras notebooks differ in the backend only
+    keras = {f"{lock.parent.name}/{lock.stem}": pins(lock).get("keras") for lock in LOCKS}
+    assert {found for found in keras.values() if found} == {pins(ENVS / "tensorflow" / "cpu.txt")["keras"]}, keras
+    assert {name.split("/")[0] for name, found in keras.items() if found} == {"tensorflow", "jax"}, keras
 
 
 @pytest.mark.parametrize("environment", install.ENVIRONMENTS)

@@ -181,7 +181,7 @@ def test_notebooks_whose_environment_is_not_installed_are_skipped_with_the_comma
         "DataParallel_From_Scratch", "PyTorch_Sharded", "Gluon_MultiGPU", "Chainer_MultiGPU",
     }  # fmt: skip
     assert skipped == [
-        "JAX_MultiGPU: skipped, the jax environment is not installed (no kernel multigpu-jax): "
+        "JAX_MultiGPU, Keras_JAX_MultiGPU: skipped, the jax environment is not installed (no kernel multigpu-jax): "
         'make setup FRAMEWORKS="jax"',
         "Keras_Speedups, Keras_TF_MultiGPU, Tensorflow_MultiGPU: skipped, the tensorflow environment is not installed "
         '(no kernel multigpu-tensorflow): make setup FRAMEWORKS="tensorflow"',

@@ -69,12 +69,13 @@ def schedule(learning_rate: float, steps: int) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, steps, 0.0)
 
 
-def batches(split, image_size: int, batch_size: int, training: bool, seed: int, epoch: int = 0, threads: int = 2):
-    """One epoch of (uint8 gray images (batch, size, size), float32 labels (batch, 14)) numpy batches, read by Grain.
+def epoch_batches(split, image_size: int, batch_size: int, training: bool, seed: int, epoch: int = 0):
+    """One epoch of (uint8 gray images (batch, size, size), float32 labels (batch, 14)) numpy batches, as a Grain
+    ``MapDataset``.
 
     Training: a new order every epoch, full batches only, each image augmented from ``(seed, epoch, index)`` by
     :mod:`common.data.image_transforms` (as Gluon and Chainer do), so a resumed run sees the same images. Evaluation:
-    every image once, in order, the last batch partial. ``threads`` decode at once and keep batches ready ahead.
+    every image once, in order, the last batch partial.
     """
     labels = split.labels.astype(np.float32)
     order = np.random.default_rng([seed, epoch]).permutation(len(split)) if training else np.arange(len(split))
@@ -83,8 +84,17 @@ def batches(split, image_size: int, batch_size: int, training: bool, seed: int, 
         augment = (seed, epoch, int(index)) if training else None
         return image_transforms.transform(split.pixels(int(index)), image_size, augment)[0], labels[index]
 
-    dataset = grain.MapDataset.source(order).map(read).batch(batch_size, drop_remainder=training)
+    return grain.MapDataset.source(order).map(read).batch(batch_size, drop_remainder=training)
+
+
+def read_ahead(dataset, threads: int, batch_size: int):
+    """``dataset`` (a Grain ``MapDataset``) read by ``threads`` at once, batches kept ready ahead."""
     return dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * batch_size))
+
+
+def batches(split, image_size: int, batch_size: int, training: bool, seed: int, epoch: int = 0, threads: int = 2):
+    """:func:`epoch_batches`, read by ``threads`` at once (:func:`read_ahead`)."""
+    return read_ahead(epoch_batches(split, image_size, batch_size, training, seed, epoch), threads, batch_size)
 
 
 def padded(array: np.ndarray, rows: int) -> np.ndarray:
@@ -127,7 +137,10 @@ def recompute_batch_norm_statistics(model: nnx.Module, data, batches_used: int, 
     for step, (images, _) in enumerate(data):
         if step == batches_used:
             break
-        found.append(batch_statistics(state, jax.device_put(images, sharding)))
+        # one batch at a time: these programs share no data, so without the wait XLA may run several at once on the
+        # CPU devices; with 16 in flight, one all-reduce waited for a device that never joined it (once, in the Keras
+        # notebook's test on 2 devices) and XLA ended the process after 40 s
+        found.append(jax.block_until_ready(batch_statistics(state, jax.device_put(images, sharding))))
     for norm, kept in zip(norms, momentum, strict=True):
         norm.momentum = kept
     nnx.update(model, jax.tree.map(lambda *each: sum(each) / len(each), *found))

@@ -161,7 +161,7 @@ def diagnose(
     elif numbers[EFFICIENCY] is None:
         skipped.append(f"{COMMUNICATION}: no one-device run of the same notebook")
     elif numbers[EFFICIENCY] < SCALING_EFFICIENCY:
-        advice = COMMUNICATION_ADVICE + FRAMEWORK_EXCHANGE.get(training.get("framework"), ".")
+        advice = COMMUNICATION_ADVICE + FRAMEWORK_EXCHANGE.get(_framework(training), ".")
         return verdict(COMMUNICATION, (EFFICIENCY, WAIT), advice)
 
     # 5. Busy
@@ -200,6 +200,16 @@ PHASE_ADVICE = {
     "test": "train more epochs per run, or score the test split with a larger batch: it is scored once per run.",
     "benchmark warm-up": "train more epochs per run: the in-RAM benchmark's warm-up is paid once per run.",
 }
+
+
+def _framework(training: dict) -> str | None:
+    """What the tables below know a run's framework by: Keras on its JAX backend ("keras-jax") compiles its steps as
+    JAX does, with none of TensorFlow's strategies to choose from."""
+    if training.get("framework") == "keras" and training.get("backend") == "jax":
+        return "keras-jax"
+    return training.get("framework")
+
+
 COMMUNICATION_ADVICE = "A larger BATCH_SIZE_PER_DEVICE, so each exchange of the gradients serves more images"
 FRAMEWORK_EXCHANGE = {
     "pytorch": "; or gradient accumulation under DDP's no_sync(), one exchange per several batches (PyTorch_Speedups).",
@@ -222,6 +232,7 @@ FIRST_STEPS = {
     "mxnet": ("building the hybridized graph and its memory",) * 2,
     "chainer": ("compiling CuPy's kernels and allocating the step's memory", "allocating the step's memory"),
     "jax": ("compiling the step with XLA (a rerun of the same shapes loads it from the cache)",) * 2,
+    "keras-jax": ("compiling the step with XLA (a rerun of the same shapes loads it from the cache)",) * 2,
 }
 # Notebooks that train in fp32 only (their parameter cells say why): no mixed precision to advise.
 FP32_ONLY = ("DataParallel_From_Scratch", "PyTorch_Sharded")
@@ -230,7 +241,7 @@ FP32_ONLY = ("DataParallel_From_Scratch", "PyTorch_Sharded")
 def _phase_advice(phase: str, training: dict) -> str:
     if phase != "first steps":
         return PHASE_ADVICE.get(phase, PHASE_ADVICE["start-up"])
-    gpu, cpu = FIRST_STEPS.get(training.get("framework"), ("the warm-up",) * 2)
+    gpu, cpu = FIRST_STEPS.get(_framework(training), ("the warm-up",) * 2)
     return f"train more epochs per run (EPOCHS): {gpu if training.get('device_kind') == 'gpu' else cpu} is paid once."
 
 
@@ -284,11 +295,12 @@ STEP_TOOLS = {
     "mxnet": ("hybridize(static_shape=True)", None),
     "chainer": (None, None),
     "jax": ("XLA: every step is compiled already", None),
+    "keras-jax": ("XLA: every step is compiled already", None),
 }
 
 
 def _busy_advice(training: dict, utilization: float | None) -> str:
-    compiler, toolbox = STEP_TOOLS.get(training.get("framework"), (None, None))
+    compiler, toolbox = STEP_TOOLS.get(_framework(training), (None, None))
     measures = f" ({toolbox} measures each)" if toolbox else ""
     mixed = _mixed_precision_helps(training)
     if training.get("device_kind") != "gpu":

@@ -75,7 +75,7 @@ ENVIRONMENTS = {
             ("mxnet", "chainer", "chainermn"),
             ("Gluon_MultiGPU", "Chainer_MultiGPU"),
         ),
-        Environment("jax", "JAX and Flax", ("jax", "flax", "optax"), ("JAX_MultiGPU",)),
+        Environment("jax", "JAX and Flax", ("jax", "flax", "optax"), ("JAX_MultiGPU", "Keras_JAX_MultiGPU")),
     )
 }
 

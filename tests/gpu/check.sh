@@ -54,7 +54,7 @@ echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])') ($PY)"
 # the notebooks whose environment's kernel is here (the others are named by common.run), but Gluon on Hopper and newer
 capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | sort -n | head -1)
 notebooks=(PyTorch_MultiGPU PyTorch_MultiGPU-Exp-Loss PyTorch_ModelParallel DataParallel_From_Scratch PyTorch_Sharded
-    JAX_MultiGPU Tensorflow_MultiGPU Keras_TF_MultiGPU Chainer_MultiGPU)
+    JAX_MultiGPU Keras_JAX_MultiGPU Tensorflow_MultiGPU Keras_TF_MultiGPU Chainer_MultiGPU)
 if [ "${capability%%.*}" -ge 9 ]; then
     echo "Gluon_MultiGPU: skipped, MXNet has no kernels for compute capability $capability (its wheels stop at sm_86)"
 else

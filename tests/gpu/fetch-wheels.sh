@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python 3.12 wheels that a GPU machine without network needs for tests/gpu/check.sh (papermill, the Jupyter
-# kernel, and pytest with nbval for --tests; Grain, the JAX notebook's input pipeline, and what it needs beside
-# Orbax), on top of a Python that has torch, torchvision, JAX, Flax, optax, Orbax, numpy, pandas, scikit-learn,
-# matplotlib, pillow, psutil, tqdm and nvidia-ml-py. About 20 MB.
+# kernel, and pytest with nbval for --tests; Grain, the JAX notebooks' input pipeline, and what it needs beside
+# Orbax; Keras 3 for Keras_JAX_MultiGPU), on top of a Python that has torch, torchvision, JAX, Flax, optax, Orbax,
+# numpy, pandas, scikit-learn, matplotlib, pillow, psutil, tqdm and nvidia-ml-py. About 28 MB.
 #   usage, on a machine that reaches the package index:  tests/gpu/fetch-wheels.sh .gpu-wheels
 # Copy the checkout with that folder (keep it out of git, e.g. in .git/info/exclude) to the GPU machine; check.sh
 # installs the wheels from there into a temporary folder when it finds no .venv.
@@ -21,5 +21,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     prompt_toolkit==3.0.53 stack-data==0.6.3 parso==0.8.7 ptyprocess==0.7.0 wcwidth==0.9.4 executing==2.3.0 \
     asttokens==3.0.2 pure_eval==0.2.4 platformdirs==4.14.9 nbval==0.11.0 \
     pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0 coverage==7.18.0 \
-    array-record==0.8.6 cloudpickle==3.1.3 grain==0.2.18 portpicker==1.6.0
+    array-record==0.8.6 cloudpickle==3.1.3 grain==0.2.18 portpicker==1.6.0 \
+    keras==3.15.1 namex==0.1.0 optree==0.20.0 h5py==3.16.0
 ls "$dir" | wc -l

@@ -1,25 +1,22 @@
-"""The JAX notebook's model and helpers, on 2 simulated CPU devices."""
+"""The JAX notebook's model and helpers, on 2 simulated CPU devices (conftest.py)."""
 
 from functools import partial
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-jax.config.update("jax_num_cpu_devices", 2)  # before anything starts JAX's CPU backend
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-import pytest  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-from common.data import chestxray  # noqa: E402
-from common.errors import InputError  # noqa: E402
-from common.jax import densenet  # noqa: E402
-from common.jax import utils as ju  # noqa: E402
-from common.run import checkpoints, devices, params  # noqa: E402
-from common.run.params import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
+from common.data import chestxray
+from common.errors import InputError
+from common.jax import densenet
+from common.jax import utils as ju
+from common.run import checkpoints, devices, params
+from common.run.params import IMAGENET_MEAN, IMAGENET_STD
 
 MESH = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Auto,))
 SLICES, WHOLE = NamedSharding(MESH, P("data")), NamedSharding(MESH, P())
