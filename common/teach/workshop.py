@@ -22,7 +22,14 @@ from common.run import environments
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "workshop.md"
 # The framework each participant may pick for the second data-parallel run.
-OTHER_FRAMEWORKS = ("Tensorflow_MultiGPU", "Keras_TF_MultiGPU", "Gluon_MultiGPU", "Chainer_MultiGPU")
+OTHER_FRAMEWORKS = (
+    "Tensorflow_MultiGPU",
+    "Keras_TF_MultiGPU",
+    "JAX_MultiGPU",
+    "Keras_JAX_MultiGPU",
+    "Gluon_MultiGPU",
+    "Chainer_MultiGPU",
+)
 
 
 def run_minutes(run_dir) -> dict[tuple[str, int], float]:
@@ -126,16 +133,17 @@ environments `make setup` installed: edit the generator, not this file. -->
 Every participant needs a laptop with Linux or WSL, Python 3.11 and {disk} free for the PyTorch notebooks, more for a
 second framework (below); no GPU. The notebooks simulate
 devices on the CPU (PyTorch and Chainer start one process per device, TensorFlow and Keras split the CPU into logical
-devices, Gluon puts one model copy on each `mx.cpu(i)`), so everything below is the real multi-device code path, only
-slower. The times and figures quoted come from `make run` ({f.machine()}): regenerate the guide from a `make run`
-on a laptop like the participants' to quote theirs.
+devices, JAX (and Keras on it) into simulated ones, Gluon puts one model copy on each `mx.cpu(i)`), so everything below
+is the real multi-device code path, only slower. The times and figures quoted come from `make run` ({f.machine()}):
+regenerate the guide from a `make run` on a laptop like the participants' to quote theirs.
 
 ## Before the session
 
 Participants clone the repository and run `make setup FRAMEWORKS="pytorch"` at home, adding the environment of the
-framework they will pick at 65-80 (`FRAMEWORKS="pytorch tensorflow"` for TensorFlow or Keras, `"pytorch mxnet-chainer"`
-for Gluon or Chainer); then `make lab`, to check that JupyterLab opens each notebook with its environment's kernel. What
-each environment took on the machine that wrote this guide (downloads included):
+framework they will pick at 65-80 (`FRAMEWORKS="pytorch tensorflow"` for TensorFlow or Keras, `"pytorch jax"` for JAX
+or Keras on JAX, `"pytorch mxnet-chainer"` for Gluon or Chainer); then `make lab`, to check that JupyterLab opens each
+notebook with its environment's kernel. What each environment took on the machine that wrote this guide (downloads
+included):
 
 {setup_table}
 
