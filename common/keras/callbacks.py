@@ -39,9 +39,9 @@ class EpochLog(keras.callbacks.Callback):
     """Each epoch's history and phases and, with a ``folder``, a checkpoint after it (:mod:`common.run.checkpoints`).
 
     Training time runs from the epoch's start to the start of validation (``on_test_begin``), as every notebook
-    counts it; the first steps of the first epoch (tracing the step into a graph) are a phase of their own.
-    ``model.fit`` fetches its batches inside the traced step, so the time spent waiting for data is not visible here
-    and is recorded as unmeasured (None).
+    counts it; the first steps of the first epoch (tracing or compiling the step) are a phase of their own.
+    ``model.fit`` fetches its batches inside the traced step on TensorFlow, and between steps without timing the wait
+    on JAX: the time spent waiting for data is not visible here either way and is recorded as unmeasured (None).
 
     ``model.save_weights`` saves the optimizer's state with the weights, its step counter and so the learning-rate
     schedule included; the file is written under a temporary name and renamed. Not ``keras.callbacks.BackupAndRestore``:
