@@ -173,12 +173,16 @@ def bytes_per_device(tree) -> dict[str, int]:
     return held
 
 
-def synthetic_batch(global_batch: int, image_size: int, sharding, seed: int = 0) -> tuple[jax.Array, jax.Array]:
-    """One random batch shaped as the training batches, sharded over the devices: the in-RAM benchmark's input."""
+def random_batch(global_batch: int, image_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """One random batch shaped as the training batches (uint8 gray images, float32 labels), on the host."""
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (global_batch, image_size, image_size), dtype=np.uint8)
-    labels = rng.integers(0, 2, (global_batch, NUM_CLASSES)).astype(np.float32)
-    return jax.device_put(images, sharding), jax.device_put(labels, sharding)
+    return images, rng.integers(0, 2, (global_batch, NUM_CLASSES)).astype(np.float32)
+
+
+def synthetic_batch(global_batch: int, image_size: int, sharding, seed: int = 0) -> tuple[jax.Array, jax.Array]:
+    """:func:`random_batch`, sharded over the devices: the in-RAM benchmark's input."""
+    return tuple(jax.device_put(array, sharding) for array in random_batch(global_batch, image_size, seed))
 
 
 def time_steps(train_step, global_batch: int, image_size: int, steps: int, sharding, phases=None) -> float:

@@ -18,7 +18,6 @@ import numpy as np
 
 from common.jax import utils as ju
 from common.run import params
-from common.run.params import NUM_CLASSES
 
 
 def _with_channel(images: np.ndarray) -> np.ndarray:
@@ -101,8 +100,7 @@ def recompute_batch_norm_statistics(model: keras.Model, data, batches: int) -> N
 
 
 def random_batches(global_batch: int, image_size: int, seed: int = 0):
-    """One random batch shaped as the training batches, repeated without end: the in-RAM benchmark's input."""
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, (global_batch, image_size, image_size, 1), dtype=np.uint8)
-    labels = rng.integers(0, 2, (global_batch, NUM_CLASSES)).astype(np.float32)
-    return grain.MapDataset.source([(images, labels)]).repeat().to_iter_dataset()
+    """:func:`common.jax.utils.random_batch` with its channel axis, repeated without end: the in-RAM benchmark's
+    input."""
+    images, labels = ju.random_batch(global_batch, image_size, seed)
+    return grain.MapDataset.source([(_with_channel(images), labels)]).repeat().to_iter_dataset()
